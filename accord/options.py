@@ -1,0 +1,68 @@
+"""Frozen options read from the environment: the only reader of ACCORD_* variables."""
+import datetime
+import os
+from dataclasses import dataclass, field
+
+DEFAULT_TIMEOUT = 1800.0
+_TRANSPORTS = ("auto", "shm", "tcp")
+_DEBUG_LEVELS = ("OFF", "INFO", "DETAIL")
+
+
+def to_seconds(timeout, name="timeout"):
+    """Accept seconds (int/float) or a timedelta; None stays None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{name} must be seconds (float) or a datetime.timedelta, "
+                        f"not {type(timeout).__name__}")
+    if not timeout > 0:
+        raise ValueError(f"{name} must be positive, got {timeout}")
+    return float(timeout)
+
+
+def _parse_algorithms(text):
+    """'broadcast=chain,all_reduce=ring' -> {'broadcast': 'chain', ...}."""
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        op, sep, algo = item.partition("=")
+        if not sep or not op.strip() or not algo.strip():
+            raise ValueError(f"ACCORD_ALGORITHMS: expected op=algorithm, got {item!r}")
+        out[op.strip()] = algo.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Options:
+    timeout: float = DEFAULT_TIMEOUT
+    transport: str = "auto"
+    host_id: str = ""
+    debug: str = "OFF"
+    trace_dir: str = ""
+    # Forced algorithm per collective (tests use it to cover every path).
+    algorithms: dict = field(default_factory=dict)
+    # Address other hosts reach this process on; empty means "work it out".
+    addr: str = ""
+
+    @classmethod
+    def from_env(cls, environ=None):
+        env = os.environ if environ is None else environ
+        timeout = env.get("ACCORD_TIMEOUT")
+        transport = env.get("ACCORD_TRANSPORT", "auto").strip().lower() or "auto"
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"ACCORD_TRANSPORT must be one of {', '.join(_TRANSPORTS)}, "
+                             f"got {transport!r}")
+        debug = env.get("ACCORD_DEBUG", "OFF").strip().upper() or "OFF"
+        if debug not in _DEBUG_LEVELS:
+            raise ValueError(f"ACCORD_DEBUG must be one of {', '.join(_DEBUG_LEVELS)}, "
+                             f"got {debug!r}")
+        return cls(
+            timeout=to_seconds(float(timeout), "ACCORD_TIMEOUT") if timeout else DEFAULT_TIMEOUT,
+            transport=transport,
+            host_id=env.get("ACCORD_HOST_ID", ""),
+            debug=debug,
+            trace_dir=env.get("ACCORD_TRACE_DIR", ""),
+            algorithms=_parse_algorithms(env.get("ACCORD_ALGORITHMS", "")),
+            addr=env.get("ACCORD_ADDR", ""),
+        )
