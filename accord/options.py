@@ -33,6 +33,17 @@ def _parse_algorithms(text):
     return out
 
 
+def _parse_host_port(text, name):
+    """'host:port' (or '') -> the same text, checked."""
+    text = text.strip()
+    if not text:
+        return ""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{name} must be host:port, got {text!r}")
+    return text
+
+
 @dataclass(frozen=True)
 class Options:
     timeout: float = DEFAULT_TIMEOUT
@@ -44,6 +55,9 @@ class Options:
     algorithms: dict = field(default_factory=dict)
     # Address other hosts reach this process on; empty means "work it out".
     addr: str = ""
+    # "host:port" of the rendezvous store hosted by `accord run` (every rank,
+    # rank 0 included, connects to it as a client); empty when there is none.
+    launcher_store_addr: str = ""
 
     @classmethod
     def from_env(cls, environ=None):
@@ -65,4 +79,6 @@ class Options:
             trace_dir=env.get("ACCORD_TRACE_DIR", ""),
             algorithms=_parse_algorithms(env.get("ACCORD_ALGORITHMS", "")),
             addr=env.get("ACCORD_ADDR", ""),
+            launcher_store_addr=_parse_host_port(env.get("ACCORD_LAUNCHER_STORE", ""),
+                                                 "ACCORD_LAUNCHER_STORE"),
         )
