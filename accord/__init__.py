@@ -1,0 +1,33 @@
+"""accord: collective communication for Python processes.
+
+The torch.distributed programming model (process groups, broadcast,
+all_gather, scatter and the rest) over TCP and shared memory, with or
+without PyTorch. See CONTRACT.md for the public names.
+"""
+from .api import (
+    all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
+    broadcast, destroy_process_group, gather, get_global_rank, get_group_rank,
+    get_process_group_ranks, get_rank, get_world_size, init_process_group, irecv,
+    is_initialized, isend, new_group, new_subgroups, recv, reduce, reduce_scatter,
+    reduce_scatter_tensor, scatter, send,
+)
+from .errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
+from .group import ProcessGroup
+from .objects import (all_gather_object, broadcast_object_list, gather_object,
+                      scatter_object_list)
+from .reduceops import ReduceOp
+from .work import Work
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init_process_group", "destroy_process_group", "is_initialized", "get_rank",
+    "get_world_size", "new_group", "new_subgroups", "get_group_rank", "get_global_rank",
+    "get_process_group_ranks",
+    "broadcast", "all_gather", "all_gather_into_tensor", "scatter", "gather", "reduce",
+    "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "barrier", "send", "recv", "isend", "irecv",
+    "broadcast_object_list", "all_gather_object", "scatter_object_list", "gather_object",
+    "ReduceOp", "Work", "ProcessGroup",
+    "AccordError", "CommTimeout", "PeerLost", "Desync", "GroupClosed",
+]

@@ -1,0 +1,45 @@
+"""Collective algorithms: plain functions over a `Comm`, which they never look inside.
+
+A `Comm` is one call's view of its group: this rank, the group size, and
+send/recv/exchange of byte buffers, every message stamped with the call.
+"""
+import numpy as np
+
+
+def as_bytes(x):
+    if isinstance(x, np.ndarray):
+        return memoryview(x.reshape(-1).view(np.uint8))
+    return x
+
+
+class Comm:
+    __slots__ = ("rank", "size", "_t", "_stamp", "_deadline")
+
+    def __init__(self, transport, stamp, deadline):
+        self.rank, self.size = transport.rank, transport.size
+        self._t, self._stamp, self._deadline = transport, stamp, deadline
+
+    def exchange(self, sends=(), recvs=()):
+        self._t.exchange([(p, as_bytes(b)) for p, b in sends],
+                         [(p, as_bytes(b)) for p, b in recvs], self._stamp, self._deadline)
+
+    def send(self, peer, buf):
+        self.exchange(sends=[(peer, buf)])
+
+    def recv(self, peer, buf):
+        self.exchange(recvs=[(peer, buf)])
+
+
+def split(arr, counts):
+    """Consecutive views of arr with the given element counts."""
+    out, off = [], 0
+    for c in counts:
+        out.append(arr[off:off + c])
+        off += c
+    return out
+
+
+def even_counts(total, n):
+    """n nearly equal element counts summing to total."""
+    q, r = divmod(total, n)
+    return [q + (1 if i < r else 0) for i in range(n)]

@@ -1,0 +1,41 @@
+"""Broadcast: binomial tree (latency) or pipelined chain (bandwidth)."""
+from . import even_counts, split
+
+CHAIN_CHUNK = 1 << 20
+
+
+def tree(c, arr, root):
+    n, vr = c.size, (c.rank - root) % c.size
+    mask = 1
+    while mask < n:
+        if vr & mask:
+            c.recv((vr - mask + root) % n, arr)
+            break
+        mask <<= 1
+    mask >>= 1
+    sends = []
+    while mask > 0:
+        if vr + mask < n:
+            sends.append(((vr + mask + root) % n, arr))
+        mask >>= 1
+    if sends:
+        c.exchange(sends=sends)
+
+
+def chain(c, arr, root, chunk_bytes=CHAIN_CHUNK):
+    """root -> root+1 -> ... ; rank k forwards chunk i while it receives chunk i+1."""
+    n = c.size
+    pos = (c.rank - root) % n
+    prev, nxt = (c.rank - 1) % n, (c.rank + 1) % n
+    per = max(1, chunk_bytes // max(1, arr.itemsize))
+    nchunks = max(1, -(-arr.size // per))
+    chunks = split(arr, even_counts(arr.size, nchunks))
+    if pos == 0:
+        c.exchange(sends=[(nxt, ch) for ch in chunks])
+        return
+    last = pos == n - 1
+    for i, ch in enumerate(chunks):
+        sends = [] if last or i == 0 else [(nxt, chunks[i - 1])]
+        c.exchange(sends=sends, recvs=[(prev, ch)])
+    if not last:
+        c.send(nxt, chunks[-1])

@@ -1,0 +1,33 @@
+"""Gather and scatter: the root talks to every rank at once."""
+
+
+def gather(c, mine, blocks, root):
+    """blocks: the root's per-rank destinations (its own already filled)."""
+    if c.rank == root:
+        c.exchange(recvs=[(p, blocks[p]) for p in range(c.size) if p != root])
+    else:
+        c.send(root, mine)
+
+
+def scatter(c, mine, blocks, root):
+    """blocks: the root's per-rank sources (its own already copied to mine)."""
+    if c.rank == root:
+        c.exchange(sends=[(p, blocks[p]) for p in range(c.size) if p != root])
+    else:
+        c.recv(root, mine)
+
+
+def all_to_all(c, out_blocks, in_blocks):
+    """out_blocks[p] <- rank p's in_blocks[me]; own block copied by the caller."""
+    r, n = c.rank, c.size
+    order = [(r + s) % n for s in range(1, n)]
+    c.exchange(sends=[(p, in_blocks[p]) for p in order],
+               recvs=[(p, out_blocks[p]) for p in order])
+
+
+def barrier(c, token):
+    """Dissemination: log2(n) rounds of empty messages."""
+    n, r, k = c.size, c.rank, 1
+    while k < n:
+        c.exchange(sends=[((r + k) % n, token)], recvs=[((r - k) % n, token)])
+        k <<= 1

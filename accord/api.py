@@ -1,0 +1,591 @@
+"""The free functions of CONTRACT section 1.
+
+Each one checks its arguments on the calling rank before any byte moves,
+turns tensors into `Buf`s, and hands a closure to its group, which runs it in
+issue order. Ranks are global in arguments (src, dst) and group-local inside.
+"""
+import atexit
+import threading
+
+import numpy as np
+
+from . import rendezvous
+from .algorithms import even_counts, rooted, split
+from .algorithms.reduction import ring_reduce_scatter, scratch, tree_reduce
+from .algorithms.table import choose
+from .buffers import as_buf
+from .group import ProcessGroup
+from .options import Options, to_seconds
+from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
+from .transport.connect import connect_mesh, local_address
+from .transport.tcp import TcpTransport
+from .work import completed_work
+
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
+class _World:
+    """What init_process_group established for this process."""
+
+    def __init__(self, options, store, raw_store, rank, size, addr, timeout):
+        self.options, self.store, self.raw_store = options, store, raw_store
+        self.rank, self.size, self.addr, self.timeout = rank, size, addr, timeout
+        self.groups = []
+        self.next_group_id = 0
+        self.default = None
+        self.lock = threading.Lock()
+
+
+_world = None
+
+
+def _require_world():
+    if _world is None:
+        raise ValueError("the default process group has not been initialized: call "
+                         "accord.init_process_group() first")
+    return _world
+
+
+def is_initialized():
+    return _world is not None
+
+
+# -- groups -------------------------------------------------------------------
+
+def _build_group(w, name, ranks, timeout):
+    g = ProcessGroup(name, ranks, w.rank, timeout=timeout, options=w.options)
+    if g.is_member:
+        import time
+        socks = connect_mesh(w.store, name, g.rank, g.size, w.addr, time.monotonic() + timeout)
+        g.transport = TcpTransport(g.rank, g.size, socks, g.describe_rank)
+    w.groups.append(g)
+    return g
+
+
+def init_process_group(backend="auto", init_method=None, timeout=None, world_size=-1, rank=-1,
+                       store=None, group_name="", pg_options=None, device_id=None):
+    """Join the job: find rank and peers, and build the default group."""
+    global _world
+    if _world is not None:
+        raise ValueError("init_process_group was already called in this process; call "
+                         "destroy_process_group() first")
+    if backend not in (None, "auto", "accord", "tcp", "cpu:accord"):
+        raise ValueError(f"backend: accord runs its own transports; expected 'auto' or 'accord', "
+                         f"got {backend!r}")
+    options = Options.from_env()
+    timeout = to_seconds(timeout) or options.timeout
+    if store is not None:
+        if init_method is not None:
+            raise ValueError("pass either init_method or store, not both")
+        if rank is None or rank < 0 or world_size is None or world_size < 1:
+            raise ValueError("with store=, rank= and world_size= are required")
+        rank, world_size = rendezvous.rank_and_size(rank, world_size)
+        raw = store
+    else:
+        init_method = init_method or "env://"
+        rank, world_size = rendezvous.rank_and_size(rank, world_size)
+        raw = rendezvous.make_store(init_method, rank, world_size, timeout,
+                                    options.launcher_store_addr)
+    prefixed = rendezvous.job_prefix(raw, world_size)
+    addr = options.addr or local_address(_master_host(init_method))
+    w = _World(options, prefixed, raw, rank, world_size, addr, timeout)
+    try:
+        w.default = _build_group(w, "default", range(world_size), timeout)
+    except BaseException:
+        if store is None:
+            raw.close()
+        raise
+    w.owns_store = store is None
+    _world = w
+
+
+def _master_host(init_method):
+    import os
+    import urllib.parse
+    if init_method and init_method.startswith("tcp://"):
+        return urllib.parse.urlparse(init_method).hostname
+    if init_method and init_method.startswith("file://"):
+        return "127.0.0.1"
+    return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+              use_local_synchronization=False, group_desc=None):
+    """Every rank of the job calls it, in the same order; members get a working group."""
+    w = _require_world()
+    if ranks is None:
+        ranks = list(range(w.size))
+    try:
+        ranks = [int(r) for r in ranks]
+    except (TypeError, ValueError):
+        raise TypeError(f"ranks: expected a list of ints, got {ranks!r}") from None
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"ranks: duplicate ranks in {ranks}")
+    bad = [r for r in ranks if not 0 <= r < w.size]
+    if bad:
+        raise ValueError(f"ranks: {bad} outside the world of {w.size} ranks")
+    if not ranks:
+        raise ValueError("ranks: a group needs at least one rank")
+    timeout = to_seconds(timeout) or w.timeout
+    with w.lock:
+        gid = w.next_group_id = w.next_group_id + 1
+    name = f"group{gid}" + (f":{group_desc}" if group_desc else "")
+    return _build_group(w, name, sorted(ranks), timeout)
+
+
+def new_subgroups(group_size=None, group=None):
+    """Split the world into consecutive groups of group_size; return (mine, all)."""
+    w = _require_world()
+    if group_size is None or group_size < 1 or w.size % group_size:
+        raise ValueError(f"group_size: must divide the world size {w.size}, got {group_size}")
+    groups = [new_group(list(range(s, s + group_size))) for s in range(0, w.size, group_size)]
+    return groups[w.rank // group_size], groups
+
+
+def destroy_process_group(group=None):
+    """Destroy one group, or (None) every group and leave the job."""
+    global _world
+    w = _world
+    if w is None:
+        return
+    if group is not None and group is not w.default:
+        group.destroy()
+        if group in w.groups:
+            w.groups.remove(group)
+        return
+    for g in reversed(w.groups):
+        g.destroy()
+    _world = None
+    if w.owns_store:
+        w.raw_store.close()
+
+
+@atexit.register
+def _leave_at_exit():
+    # say goodbye on every link, so peers know this exit was not a crash
+    try:
+        destroy_process_group()
+    except Exception:
+        pass
+
+
+def _group(group):
+    w = _require_world()
+    return w.default if group is None else group
+
+
+def get_rank(group=None):
+    return _group(group).rank
+
+
+def get_world_size(group=None):
+    g = _group(group)
+    return g.size if g.is_member else -1
+
+
+def get_group_rank(group, global_rank):
+    g = _group(group)
+    return g.group_rank_of(global_rank, "global_rank")
+
+
+def get_global_rank(group, group_rank):
+    g = _group(group)
+    if not 0 <= group_rank < g.size:
+        raise ValueError(f"group_rank={group_rank} outside group {g.name!r} of size {g.size}")
+    return g.ranks[group_rank]
+
+
+def get_process_group_ranks(group=None):
+    return list(_group(group).ranks)
+
+
+# -- argument helpers ---------------------------------------------------------
+
+def _root(g, glob, local, arg):
+    if local is not None:
+        if glob is not None:
+            raise ValueError(f"pass either {arg} or group_{arg}, not both")
+        if not 0 <= local < g.size:
+            raise ValueError(f"group_{arg}={local} outside group {g.name!r} of size {g.size}")
+        return local
+    if glob is None:
+        glob = g.ranks[0] if arg in ("src", "dst") else None
+    if isinstance(glob, bool) or not isinstance(glob, (int, np.integer)):
+        raise TypeError(f"{arg}: expected an int rank, got {type(glob).__name__}")
+    return g.group_rank_of(int(glob), arg)
+
+
+def _list(g, value, arg):
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{arg}: expected a list of {g.size} tensors, got {type(value).__name__}")
+    if len(value) != g.size:
+        raise ValueError(f"{arg}: expected {g.size} tensors (one per rank of group {g.name!r}), "
+                         f"got {len(value)}")
+    return [as_buf(t, f"{arg}[{i}]") for i, t in enumerate(value)]
+
+
+def _same_dtype(ref, bufs, arg, ref_arg):
+    for i, b in enumerate(bufs):
+        if b.dtype_code != ref.dtype_code:
+            raise TypeError(f"{arg}[{i}]: dtype {b.dtype_name} differs from {ref_arg}'s "
+                            f"{ref.dtype_name}")
+
+
+def _same_size(a, b, arg, ref_arg):
+    if a.nbytes != b.nbytes:
+        raise ValueError(f"{arg}: holds {a.numel} elements ({a.describe()}) but {ref_arg} holds "
+                         f"{b.numel} ({b.describe()})")
+
+
+def _stamp(buf, root=-1, op=0, count=-1):
+    return (root, buf.dtype_code, int(op), count, buf.dtype_name)
+
+
+def _run(g, opname, body, async_op, timeout, stamp_args):
+    timeout = to_seconds(timeout, "timeout")
+    if g.size == 1:
+        # a group of one moves no bytes; run the local part on the caller's thread
+        g.check_open()
+        body(None)
+        return completed_work(opname) if async_op else None
+    return g.submit(opname, body, async_op, timeout, stamp_args)
+
+
+def _finish(*bufs):
+    for b in bufs:
+        b.finish()
+
+
+# -- collectives ----------------------------------------------------------------
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    root = _root(g, src, group_src, "src")
+    buf = as_buf(tensor, "tensor")
+    algo = choose("broadcast", buf.nbytes, g.size, g.options.algorithms)
+
+    def body(c):
+        if c is not None:
+            algo(c, buf.arr, root)
+        buf.finish()
+    return _run(g, "broadcast", body, async_op, timeout, _stamp(buf, root, count=buf.nbytes))
+
+
+def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
+    total = sum(b.nbytes for b in blocks)
+    algo = choose("all_gather", total, g.size, g.options.algorithms)
+
+    def body(c):
+        np.copyto(blocks[g.rank], mine.arr, casting="no")
+        if c is not None:
+            algo(c, blocks)
+        _finish(*outs)
+    return _run(g, opname, body, async_op, timeout, _stamp(mine, count=total))
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False, timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    mine = as_buf(tensor, "tensor", writable=False)
+    outs = _list(g, tensor_list, "tensor_list")
+    _same_dtype(mine, outs, "tensor_list", "tensor")
+    _same_size(outs[g.rank], mine, f"tensor_list[{g.rank}]", "tensor")
+    blocks = [o.arr for o in outs]
+    return _all_gather_blocks(g, "all_gather", blocks, mine, outs, async_op, timeout)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    mine = as_buf(input_tensor, "input_tensor", writable=False)
+    out = as_buf(output_tensor, "output_tensor")
+    _same_dtype(mine, [out], "output_tensor", "input_tensor")
+    if out.numel != mine.numel * g.size:
+        raise ValueError(f"output_tensor: must hold group size ({g.size}) x input_tensor's "
+                         f"{mine.numel} elements, holds {out.numel} ({out.describe()})")
+    blocks = split(out.arr, [mine.numel] * g.size)
+    return _all_gather_blocks(g, "all_gather", blocks, mine, [out], async_op, timeout)
+
+
+def _optional_list(g, value, arg, is_root, root_arg):
+    if is_root:
+        if value is None:
+            raise ValueError(f"{arg}: required on the {root_arg} rank")
+        return _list(g, value, arg)
+    if value is not None and len(value):
+        raise ValueError(f"{arg}: must be None or empty on ranks other than {root_arg} "
+                         f"(this is rank {g.global_rank})")
+    return None
+
+
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None,
+           timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    root = _root(g, dst, group_dst, "dst")
+    mine = as_buf(tensor, "tensor", writable=False)
+    outs = _optional_list(g, gather_list, "gather_list", g.rank == root, "dst")
+    if outs is not None:
+        _same_dtype(mine, outs, "gather_list", "tensor")
+        _same_size(outs[root], mine, f"gather_list[{root}]", "tensor")
+
+    def body(c):
+        if outs is not None:
+            np.copyto(outs[root].arr, mine.arr, casting="no")
+        if c is not None:
+            rooted.gather(c, mine.arr, outs and [o.arr for o in outs], root)
+        if outs is not None:
+            _finish(*outs)
+    return _run(g, "gather", body, async_op, timeout, _stamp(mine, root))
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None,
+            timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    root = _root(g, src, group_src, "src")
+    mine = as_buf(tensor, "tensor")
+    ins = _optional_list(g, scatter_list, "scatter_list", g.rank == root, "src")
+    if ins is not None:
+        ins = [as_buf(t, f"scatter_list[{i}]", writable=False) for i, t in enumerate(scatter_list)]
+        _same_dtype(mine, ins, "scatter_list", "tensor")
+        _same_size(ins[root], mine, f"scatter_list[{root}]", "tensor")
+
+    def body(c):
+        if ins is not None:
+            np.copyto(mine.arr, ins[root].arr, casting="no")
+        if c is not None:
+            rooted.scatter(c, mine.arr, ins and [b.arr for b in ins], root)
+        mine.finish()
+    return _run(g, "scatter", body, async_op, timeout, _stamp(mine, root))
+
+
+def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None,
+           timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    root = _root(g, dst, group_dst, "dst")
+    op = as_reduce_op(op)
+    buf = as_buf(tensor, "tensor")
+    check_op(op, buf)
+
+    def body(c):
+        if c is not None:
+            # non-root inputs stay untouched, as NCCL leaves them
+            acc = buf.arr if c.rank == root else buf.arr.copy()
+            tree_reduce(c, acc, root, op, buf.is_bf16, scratch(buf.arr, buf.numel))
+        if g.rank == root:
+            buf.finish()
+    return _run(g, "reduce", body, async_op, timeout, _stamp(buf, root, op, buf.nbytes))
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    op = as_reduce_op(op)
+    buf = as_buf(tensor, "tensor")
+    check_op(op, buf)
+    algo = choose("all_reduce", buf.nbytes, g.size, g.options.algorithms)
+
+    def body(c):
+        if c is not None:
+            tmp = scratch(buf.arr, buf.numel if algo.__name__ != "ring_allreduce"
+                          else -(-buf.numel // c.size))
+            algo(c, buf.arr, op, buf.is_bf16, tmp)
+        buf.finish()
+    return _run(g, "all_reduce", body, async_op, timeout, _stamp(buf, -1, op, buf.nbytes))
+
+
+def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, total_bytes):
+    out = output
+
+    def body(c):
+        work = fill()
+        blocks = split(work, ins_counts)
+        if c is not None:
+            ring_reduce_scatter(c, blocks, op, out.is_bf16,
+                                scratch(work, max(ins_counts) if ins_counts else 0))
+        if op == ReduceOp.AVG:
+            finish_avg(blocks[g.rank], g.size, out.is_bf16)
+        np.copyto(out.arr, blocks[g.rank], casting="no")
+        out.finish()
+    return _run(g, "reduce_scatter", body, async_op, timeout,
+                _stamp(out, -1, op, total_bytes))
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    op = as_reduce_op(op)
+    out = as_buf(output, "output")
+    ins = [as_buf(t, f"input_list[{i}]", writable=False) for i, t in
+           enumerate(_check_len(g, input_list, "input_list"))]
+    _same_dtype(out, ins, "input_list", "output")
+    _same_size(ins[g.rank], out, f"input_list[{g.rank}]", "output")
+    check_op(op, out)
+    counts = [b.numel for b in ins]
+    return _reduce_scatter_blocks(g, out, counts, lambda: np.concatenate([b.arr for b in ins]),
+                                  op, async_op, timeout, sum(b.nbytes for b in ins))
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False,
+                          timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    op = as_reduce_op(op)
+    out = as_buf(output, "output")
+    inp = as_buf(input, "input", writable=False)
+    _same_dtype(out, [inp], "input", "output")
+    if inp.numel != out.numel * g.size:
+        raise ValueError(f"input: must hold group size ({g.size}) x output's {out.numel} "
+                         f"elements, holds {inp.numel} ({inp.describe()})")
+    check_op(op, out)
+    return _reduce_scatter_blocks(g, out, [out.numel] * g.size, lambda: inp.arr.copy(), op,
+                                  async_op, timeout, inp.nbytes)
+
+
+def _check_len(g, value, arg):
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{arg}: expected a list of {g.size} tensors, got {type(value).__name__}")
+    if len(value) != g.size:
+        raise ValueError(f"{arg}: expected {g.size} tensors (one per rank of group {g.name!r}), "
+                         f"got {len(value)}")
+    return value
+
+
+def _all_to_all_blocks(g, ref, outs, out_blocks, in_blocks, async_op, timeout):
+    def body(c):
+        np.copyto(out_blocks[g.rank], in_blocks[g.rank], casting="no")
+        if c is not None:
+            rooted.all_to_all(c, out_blocks, in_blocks)
+        _finish(*outs)
+    return _run(g, "all_to_all", body, async_op, timeout, _stamp(ref))
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    outs = _list(g, output_tensor_list, "output_tensor_list")
+    ins = [as_buf(t, f"input_tensor_list[{i}]", writable=False) for i, t in
+           enumerate(_check_len(g, input_tensor_list, "input_tensor_list"))]
+    _same_dtype(outs[0], outs, "output_tensor_list", "output_tensor_list[0]")
+    _same_dtype(outs[0], ins, "input_tensor_list", "output_tensor_list[0]")
+    _same_size(outs[g.rank], ins[g.rank], f"output_tensor_list[{g.rank}]",
+               f"input_tensor_list[{g.rank}]")
+    return _all_to_all_blocks(g, outs[0], outs, [o.arr for o in outs], [b.arr for b in ins],
+                              async_op, timeout)
+
+
+def _splits(buf, sizes, n, arg, tensor_arg):
+    rows = buf.shape[0] if buf.shape else 1
+    per_row = buf.numel // rows if rows else 0
+    if sizes is None or len(sizes) == 0:
+        if rows % n:
+            raise ValueError(f"{tensor_arg}: first dimension {rows} is not divisible by the group "
+                             f"size {n}; pass {arg}")
+        return [rows // n * per_row] * n
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != n or any(s < 0 for s in sizes):
+        raise ValueError(f"{arg}: expected {n} non-negative sizes, got {sizes}")
+    if sum(sizes) != rows:
+        raise ValueError(f"{arg}: sizes {sizes} sum to {sum(sizes)}, but {tensor_arg} has "
+                         f"{rows} rows")
+    return [s * per_row for s in sizes]
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op=False, timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    out = as_buf(output, "output")
+    inp = as_buf(input, "input", writable=False)
+    _same_dtype(out, [inp], "input", "output")
+    oc = _splits(out, output_split_sizes, g.size, "output_split_sizes", "output")
+    ic = _splits(inp, input_split_sizes, g.size, "input_split_sizes", "input")
+    if oc[g.rank] != ic[g.rank]:
+        raise ValueError(f"output_split_sizes/input_split_sizes: this rank keeps {ic[g.rank]} "
+                         f"elements of its input but expects {oc[g.rank]} in its output")
+    return _all_to_all_blocks(g, out, [out], split(out.arr, oc), split(inp.arr, ic), async_op,
+                              timeout)
+
+
+def barrier(group=None, async_op=False, device_ids=None, timeout=None):
+    g = _group(group)
+    if not g.is_member:
+        return None
+
+    def body(c):
+        if c is not None:
+            rooted.barrier(c, _EMPTY)
+    return _run(g, "barrier", body, async_op, timeout, (-1, 0, 0, 0, ""))
+
+
+# -- point to point ---------------------------------------------------------------
+
+def _p2p(g, peer_global, peer_local, arg, tag):
+    peer = _root(g, peer_global, peer_local, arg)
+    if peer == g.rank:
+        raise ValueError(f"{arg}={g.ranks[peer]} is this rank itself")
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+        raise TypeError(f"tag: expected an int, got {type(tag).__name__}")
+    return peer, int(tag)
+
+
+def _send(tensor, dst, group, tag, group_dst, timeout, async_op):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    if dst is None and group_dst is None:
+        raise ValueError("dst: required")
+    peer, tag = _p2p(g, dst, group_dst, "dst", tag)
+    buf = as_buf(tensor, "tensor", writable=False)
+    mv = buf.mv
+
+    def body(deadline):
+        g.transport.send_p2p(peer, mv, tag, deadline)
+    return g.submit("send", body, async_op, to_seconds(timeout, "timeout"), p2p=True)
+
+
+def _recv(tensor, src, group, tag, group_src, timeout, async_op):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    if src is None and group_src is None:
+        raise ValueError("src: required (receiving from any source is not supported)")
+    peer, tag = _p2p(g, src, group_src, "src", tag)
+    buf = as_buf(tensor, "tensor")
+
+    def body(deadline):
+        g.transport.recv_p2p(peer, buf.mv, tag, deadline)
+        buf.finish()
+        return g.ranks[peer]
+    return g.submit("recv", body, async_op, to_seconds(timeout, "timeout"), p2p=True)
+
+
+def send(tensor, dst=None, group=None, tag=0, group_dst=None, timeout=None):
+    _send(tensor, dst, group, tag, group_dst, timeout, False)
+
+
+def recv(tensor, src=None, group=None, tag=0, group_src=None, timeout=None):
+    """Returns the sender's global rank."""
+    return _recv(tensor, src, group, tag, group_src, timeout, False)
+
+
+def isend(tensor, dst=None, group=None, tag=0, group_dst=None, timeout=None):
+    return _send(tensor, dst, group, tag, group_dst, timeout, True)
+
+
+def irecv(tensor, src=None, group=None, tag=0, group_src=None, timeout=None):
+    return _recv(tensor, src, group, tag, group_src, timeout, True)

@@ -1,0 +1,98 @@
+"""ReduceOp and the numpy kernels behind it.
+
+Every kernel writes into its first argument (`acc = acc op other`), so
+reductions never allocate beyond the receive buffer the algorithm owns.
+"""
+import enum
+
+import numpy as np
+
+
+class ReduceOp(enum.IntEnum):
+    SUM = 0
+    PRODUCT = 1
+    MIN = 2
+    MAX = 3
+    BAND = 4
+    BOR = 5
+    BXOR = 6
+    AVG = 7
+
+    def __repr__(self):
+        return f"ReduceOp.{self.name}"
+
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+}
+_BOOL_UFUNCS = {ReduceOp.SUM: np.logical_or, ReduceOp.PRODUCT: np.logical_and}
+
+
+def as_reduce_op(op):
+    """Accept accord's ReduceOp, torch's ReduceOp (by name) or a name string."""
+    if isinstance(op, ReduceOp):
+        return op
+    name = getattr(op, "name", None) or (op if isinstance(op, str) else None)
+    if name is None:
+        name = str(op).rsplit(".", 1)[-1]
+    try:
+        return ReduceOp[name.upper()]
+    except KeyError:
+        raise ValueError(f"op: unsupported reduce operation {op!r}; expected one of "
+                         f"{', '.join(o.name for o in ReduceOp)}") from None
+
+
+def check_op(op, buf, name="op"):
+    """Reject op/dtype pairs that have no meaning, before any byte moves."""
+    kind = "f" if buf.is_bf16 else buf.arr.dtype.kind
+    if op == ReduceOp.AVG and kind not in "fc":
+        raise TypeError(f"{name}: ReduceOp.AVG needs a floating or complex dtype, got "
+                        f"{buf.dtype_name} (an integer average would be truncated; use SUM "
+                        f"and divide)")
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and kind not in "biu":
+        raise TypeError(f"{name}: {op.name} needs an integer or bool dtype, got {buf.dtype_name}")
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and kind == "c":
+        raise TypeError(f"{name}: {op.name} is undefined for complex dtype {buf.dtype_name}")
+    if kind not in "biufc":
+        raise TypeError(f"{name}: cannot reduce dtype {buf.dtype_name}")
+
+
+def _bf16_to_f32(bits):
+    return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(values, out_bits):
+    u = values.view(np.uint32)
+    # round to nearest even, as torch does; NaN stays a quiet NaN
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded[np.isnan(values)] = 0x7FC0
+    out_bits.view(np.uint16)[...] = rounded
+
+
+def reduce_into(op, acc, other, is_bf16=False):
+    """acc <- acc op other (same dtype, same length)."""
+    if acc.size == 0:
+        return
+    if is_bf16:
+        a = _bf16_to_f32(acc)
+        _UFUNCS[op](a, _bf16_to_f32(other), out=a)
+        _f32_to_bf16(a, acc)
+        return
+    if acc.dtype.kind == "b" and op in _BOOL_UFUNCS:
+        _BOOL_UFUNCS[op](acc, other, out=acc)
+        return
+    _UFUNCS[op](acc, other, out=acc)
+
+
+def finish_avg(acc, n, is_bf16=False):
+    """AVG = SUM / n, divided once at the end so floats stay exact where SUM is."""
+    if acc.size == 0:
+        return
+    if is_bf16:
+        a = _bf16_to_f32(acc)
+        np.divide(a, n, out=a)
+        _f32_to_bf16(a, acc)
+    else:
+        np.divide(acc, acc.dtype.type(n), out=acc)

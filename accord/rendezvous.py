@@ -1,0 +1,119 @@
+"""Find rank, world size and a shared store, however the job was started.
+
+Sources, in order: explicit arguments; torchrun / `accord run` (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT); Open MPI (OMPI_COMM_WORLD_*); MPICH
+hydra (PMI_*); Slurm's srun (SLURM_*). Under an MPI or Slurm launcher without
+MASTER_PORT, every rank derives the same port from the job's identity.
+"""
+import os
+import re
+import urllib.parse
+import zlib
+
+from .store import FileStore, PrefixStore
+from .tcpstore import TCPStore
+
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+
+def _first_int(env, names):
+    for name in names:
+        v = env.get(name)
+        if v not in (None, ""):
+            try:
+                return int(v), name
+            except ValueError:
+                raise ValueError(f"environment variable {name}={v!r} is not an integer") from None
+    return None, None
+
+
+def rank_and_size(rank, world_size, env=None):
+    env = os.environ if env is None else env
+    if rank is None or rank < 0:
+        rank, _ = _first_int(env, _RANK_VARS)
+    if world_size is None or world_size < 0:
+        world_size, _ = _first_int(env, _SIZE_VARS)
+    if rank is None or world_size is None:
+        raise ValueError("init_process_group: rank and world_size are unknown: pass rank= and "
+                         "world_size=, or start the script with `accord run -n N`, torchrun, "
+                         "mpiexec or srun (which set RANK/WORLD_SIZE or their equivalents)")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return rank, world_size
+
+
+def local_rank(env=None):
+    value, _ = _first_int(os.environ if env is None else env, _LOCAL_RANK_VARS)
+    return value
+
+
+def _job_identity(env):
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}"
+    for name in ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri"):
+        if env.get(name):
+            return f"ompi:{env[name]}"
+    if env.get("PMI_RANK") is not None:
+        # hydra names no job id; its per-node proxy is every local rank's parent
+        return f"hydra:{os.getppid()}"
+    return None
+
+
+def _slurm_first_host(env):
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodes:
+        return None
+    m = re.match(r"([^,\[]+)(?:\[(\d+))?", nodes)
+    return m.group(1) + (m.group(2) or "") if m else None
+
+
+def master_address(env=None):
+    env = os.environ if env is None else env
+    addr = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
+    port = env.get("MASTER_PORT")
+    if port:
+        return addr, int(port)
+    job = _job_identity(env)
+    if job is None:
+        raise ValueError("init_process_group(init_method='env://'): MASTER_PORT is not set; "
+                         "start the script with `accord run`, or set MASTER_ADDR and MASTER_PORT")
+    return addr, 20000 + zlib.crc32(job.encode()) % 30000
+
+
+def make_store(init_method, rank, world_size, timeout, launcher_store, env=None):
+    """The store of the default group, before job-generation prefixing.
+
+    launcher_store: "host:port" of a store `accord run` already hosts, or "".
+    """
+    env = os.environ if env is None else env
+    url = urllib.parse.urlparse(init_method)
+    if url.scheme == "env":
+        if launcher_store:
+            host, _, port = launcher_store.rpartition(":")
+            return TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
+        host, port = master_address(env)
+        if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            from .torch import agent_store      # torchrun's agent hosts a torch TCPStore
+            return agent_store(host, port, timeout)
+        return TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+    if url.scheme == "tcp":
+        if not url.hostname or not url.port:
+            raise ValueError(f"init_method {init_method!r}: expected tcp://host:port")
+        return TCPStore(url.hostname, url.port, world_size, is_master=rank == 0, timeout=timeout)
+    if url.scheme == "file":
+        path = urllib.parse.unquote(url.path)
+        if not path:
+            raise ValueError(f"init_method {init_method!r}: expected file:///absolute/path")
+        return FileStore(path, world_size, timeout=timeout)
+    raise ValueError(f"init_method {init_method!r}: expected env://, tcp://host:port or "
+                     f"file:///path")
+
+
+def job_prefix(store, world_size):
+    """Keys of one init generation: re-initialising on the same store never collides."""
+    generation = (store.add("accord/init", 1) - 1) // world_size
+    return PrefixStore(f"accord/{generation}", store)

@@ -1,0 +1,1 @@
+"""Links between the ranks of one group."""

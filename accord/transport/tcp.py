@@ -1,0 +1,411 @@
+"""TCP links: one connection per peer pair per group, progressed without threads.
+
+All sockets are non-blocking. `exchange()` moves a set of sends and receives
+concurrently (a ring step sends right while it receives from the left, so two
+ranks that send large messages to each other never deadlock), sleeping in
+poll() when nothing can move. Messages arrive in FIFO order per link; a
+message that is not the one awaited is a Desync, except point-to-point
+messages (and collective messages that overtake an awaited point-to-point
+one), which wait in the link's stash until a matching receive is posted.
+"""
+import collections
+import errno
+import select
+import socket
+import time
+
+from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
+from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, decode_error, describe_header,
+                   encode_error)
+
+_RBUF = 1 << 16          # reads of small messages land here first: one syscall per message
+_POLL_SLICE_MS = 1000
+_IDLE_MASK = select.POLLRDHUP | select.POLLERR | select.POLLHUP
+_EOF_ERRNOS = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ECONNABORTED, errno.ETIMEDOUT)
+
+
+class _Recv:
+    __slots__ = ("peer", "stamp", "dest", "tag", "done", "off", "src_tag", "length")
+
+    def __init__(self, peer, dest, stamp=None, tag=None):
+        self.peer, self.dest, self.stamp, self.tag = peer, dest, stamp, tag
+        self.done, self.off, self.length = False, 0, len(dest)
+
+
+class _Send:
+    __slots__ = ("peer", "parts", "done")
+
+    def __init__(self, peer, header, payload):
+        self.peer = peer
+        self.parts = [memoryview(header), payload] if len(payload) else [memoryview(header)]
+        self.done = False
+
+
+class Link:
+    """One peer's connection: a small read buffer, a stash, the message in flight."""
+
+    def __init__(self, sock, peer, transport):
+        self.sock, self.peer, self.t = sock, peer, transport
+        self.fd = sock.fileno()
+        self.rbuf = bytearray(_RBUF)
+        self.rview = memoryview(self.rbuf)
+        self.rstart = self.rend = 0
+        self.posted = collections.deque()   # _Recv in the order they were posted
+        self.stash = collections.deque()    # (header, bytes) read before being asked for
+        self.incoming = None                # (header, dest view, offset, owner) being filled
+        self.sends = collections.deque()    # _Send in order
+        self.send_partial = False
+        self.eof = False
+        self.departed = False               # the peer said BYE: it left on purpose
+
+    # -- reading -----------------------------------------------------------
+    def _fill_rbuf(self):
+        """Read what the socket has into rbuf; False when it would block."""
+        if self.rstart == self.rend:
+            self.rstart = self.rend = 0
+        elif self.rend == _RBUF:
+            n = self.rend - self.rstart
+            self.rbuf[:n] = self.rbuf[self.rstart:self.rend]
+            self.rstart, self.rend = 0, n
+        try:
+            n = self.sock.recv_into(self.rview[self.rend:])
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            if e.errno in _EOF_ERRNOS:
+                self._lost(f"connection reset ({e.strerror})")
+            raise
+        if n == 0:
+            self._lost("closed the connection")
+        self.rend += n
+        return True
+
+    def _lost(self, why):
+        self.eof = True
+        if self.departed:
+            why = "left the group (destroyed it or exited) while this rank still needed it"
+        raise self.t.peer_lost(self.peer, why)
+
+    def advance(self, drain=False):
+        """Route incoming messages to posted receives; True if any byte moved.
+
+        Stops once nothing is posted (the next message stays in the socket)
+        unless drain is set, when it reads everything the peer has sent.
+        """
+        moved = False
+        while True:
+            if self.incoming is None:
+                if not self.posted and not drain:
+                    return moved
+                if self.rend - self.rstart < HEADER_SIZE:
+                    if not self._fill_rbuf():
+                        return moved
+                    moved = True
+                    continue
+                h = HEADER.unpack_from(self.rbuf, self.rstart)
+                self.rstart += HEADER_SIZE
+                if h[0] == BYE:
+                    self.departed = True
+                    continue
+                self.incoming = self._route(h)
+            h, dest, off, owner = self.incoming
+            need = len(dest) - off
+            have = self.rend - self.rstart
+            if have:
+                k = min(have, need)
+                dest[off:off + k] = self.rview[self.rstart:self.rstart + k]
+                self.rstart += k
+                off += k
+                need -= k
+                moved = True
+            while need:
+                if need < _RBUF:
+                    if not self._fill_rbuf():
+                        self.incoming = (h, dest, off, owner)
+                        return moved
+                    k = min(self.rend - self.rstart, need)
+                    dest[off:off + k] = self.rview[self.rstart:self.rstart + k]
+                    self.rstart += k
+                else:
+                    try:
+                        k = self.sock.recv_into(dest[off:], need)
+                    except BlockingIOError:
+                        self.incoming = (h, dest, off, owner)
+                        return moved
+                    except OSError as e:
+                        if e.errno in _EOF_ERRNOS:
+                            self._lost(f"connection reset ({e.strerror})")
+                        raise
+                    if k == 0:
+                        self._lost("closed the connection")
+                off += k
+                need -= k
+                moved = True
+            self.incoming = None
+            self._complete(h, dest, owner)
+
+    def _route(self, h):
+        kind, length = h[0], h[7]
+        if kind == ABORT:
+            return (h, memoryview(bytearray(length)), 0, "abort")
+        head = self.posted[0] if self.posted else None
+        if kind == COLL and head is not None and head.stamp is not None:
+            if not head.stamp.matches(h):
+                raise self.t.desync(self.peer, head.stamp, h)
+            if length != head.length:
+                raise self.t.desync(self.peer, head.stamp, h,
+                                    f"it sent {length} bytes where this rank expects "
+                                    f"{head.length}")
+            return (h, head.dest, 0, head)
+        if kind == P2P:
+            for r in self.posted:
+                if r.tag is not None and r.tag == h[5]:
+                    if length != r.length:
+                        raise self.t.p2p_size_mismatch(self.peer, h, r)
+                    return (h, r.dest, 0, r)
+        if kind not in (COLL, P2P):
+            raise self.t.peer_lost(self.peer, f"sent a corrupt header (kind {kind})")
+        return (h, memoryview(bytearray(length)), 0, "stash")
+
+    def _complete(self, h, dest, owner):
+        if owner == "abort":
+            self.eof = True
+            raise decode_error(dest, self.t.peer_desc(self.peer))
+        if owner == "stash":
+            self.stash.append((h, dest))
+            return
+        owner.done = True
+        self.posted.remove(owner)
+
+    def take_stashed(self, r):
+        """Satisfy a receive from the stash; True if it was there."""
+        for i, (h, data) in enumerate(self.stash):
+            if r.tag is not None:
+                if h[0] != P2P or h[5] != r.tag:
+                    continue
+                if len(data) != r.length:
+                    raise self.t.p2p_size_mismatch(self.peer, h, r)
+            else:
+                if h[0] != COLL:
+                    continue
+                if not r.stamp.matches(h) or len(data) != r.length:
+                    raise self.t.desync(self.peer, r.stamp, h)
+            r.dest[:] = data
+            del self.stash[i]
+            r.done = True
+            return True
+        return False
+
+    # -- writing -----------------------------------------------------------
+    def push(self):
+        """Write queued sends; True if any byte moved."""
+        moved = False
+        while self.sends:
+            s = self.sends[0]
+            try:
+                n = self.sock.sendmsg(s.parts)
+            except BlockingIOError:
+                return moved
+            except OSError as e:
+                if e.errno in _EOF_ERRNOS:
+                    self._lost(f"connection reset ({e.strerror})")
+                raise
+            moved = True
+            while n:
+                first = s.parts[0]
+                if n >= len(first):
+                    n -= len(first)
+                    s.parts.pop(0)
+                else:
+                    s.parts[0] = first[n:]
+                    n = 0
+            if s.parts:
+                self.send_partial = True
+                return moved
+            self.send_partial = False
+            s.done = True
+            self.sends.popleft()
+        return moved
+
+
+class TcpTransport:
+    """The links of one group member to every other member."""
+
+    def __init__(self, rank, size, socks, describe_rank):
+        self.rank, self.size = rank, size
+        self.describe_rank = describe_rank      # group rank -> "rank 3" (global numbering)
+        self.links = {}
+        for peer, sock in socks.items():
+            sock.setblocking(False)
+            self.links[peer] = Link(sock, peer, self)
+        self.broken = None
+        self.op_desc = ""                        # the call in progress, for error messages
+
+    # -- errors ------------------------------------------------------------
+    def peer_desc(self, peer):
+        return self.describe_rank(peer)
+
+    def _here(self):
+        return f"{self.describe_rank(self.rank)}: {self.op_desc}" if self.op_desc else \
+            self.describe_rank(self.rank)
+
+    def peer_lost(self, peer, why):
+        return PeerLost(f"{self._here()}: peer {self.peer_desc(peer)} {why} "
+                        f"(did that process exit or crash?)", peer=peer)
+
+    def desync(self, peer, stamp, h, detail=""):
+        extra = f"; {detail}" if detail else ""
+        return Desync(f"{self._here()}: ranks disagree: this rank ({self.describe_rank(self.rank)}) "
+                      f"called {stamp.describe()}, but {self.peer_desc(peer)} called "
+                      f"{describe_header(h)}{extra}")
+
+    def p2p_size_mismatch(self, peer, h, r):
+        return Desync(f"{self._here()}: {self.peer_desc(peer)} sent {h[7]} bytes with tag {h[5]} "
+                      f"but the receive buffer holds {r.length} bytes")
+
+    # -- progress ----------------------------------------------------------
+    def exchange(self, sends, recvs, stamp, deadline):
+        """Move every (peer, buffer) send and receive; return when all are done."""
+        posted = []
+        for peer, buf in recvs:
+            r = _Recv(peer, buf, stamp=stamp)
+            link = self.links[peer]
+            if not link.take_stashed(r):
+                link.posted.append(r)
+                posted.append(r)
+        outgoing = []
+        for peer, buf in sends:
+            s = _Send(peer, stamp.header(len(buf)), buf)
+            self.links[peer].sends.append(s)
+            outgoing.append(s)
+        self._progress(posted, outgoing, deadline)
+
+    def send_p2p(self, peer, buf, tag, deadline):
+        from .wire import HEADER as H
+        s = _Send(peer, H.pack(P2P, 10, 0, 0, -1, tag, -1, len(buf)), buf)
+        self.links[peer].sends.append(s)
+        # the peer may be sending to us at the same time (isend/irecv pairs): read what it
+        # sends into the stash while we wait, or two large sends would block each other
+        self._progress([], [s], deadline, drain_while_sending=True)
+
+    def recv_p2p(self, peer, buf, tag, deadline):
+        r = _Recv(peer, buf, tag=tag)
+        link = self.links[peer]
+        if link.take_stashed(r):
+            return
+        link.posted.append(r)
+        self._progress([r], [], deadline)
+
+    def _progress(self, recvs, sends, deadline, drain_while_sending=False):
+        links = self.links
+        try:
+            while True:
+                moved = False
+                for s in sends:
+                    if not s.done and links[s.peer].push():
+                        moved = True
+                for r in recvs:
+                    if not r.done and links[r.peer].advance():
+                        moved = True
+                if all(s.done for s in sends) and all(r.done for r in recvs):
+                    return
+                if not moved:
+                    self._wait(recvs, sends, deadline, drain_while_sending)
+        except BaseException:
+            for r in recvs:
+                if not r.done:
+                    try:
+                        links[r.peer].posted.remove(r)
+                    except ValueError:
+                        pass
+            raise
+
+    def _wait(self, recvs, sends, deadline, drain_while_sending=False):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._timeout(recvs, sends)
+        masks = {}
+        readers = set()
+        for s in sends:
+            if not s.done:
+                masks[s.peer] = masks.get(s.peer, 0) | select.POLLOUT
+                if drain_while_sending:
+                    masks[s.peer] |= select.POLLIN
+                    readers.add(s.peer)
+        for r in recvs:
+            if not r.done:
+                masks[r.peer] = masks.get(r.peer, 0) | select.POLLIN
+        p = select.poll()
+        fds = {}
+        for peer, link in self.links.items():
+            if link.eof and peer not in masks:
+                continue
+            # idle links are watched too: a peer that dies or aborts anywhere in the
+            # group wakes us at once instead of at the deadline
+            p.register(link.fd, masks.get(peer, 0) | _IDLE_MASK)
+            fds[link.fd] = peer
+        for fd, ev in p.poll(min(remaining * 1000.0, _POLL_SLICE_MS) + 1):
+            peer = fds[fd]
+            if peer in readers and ev & select.POLLIN:
+                self.links[peer].advance(drain=True)
+            elif peer not in masks and ev & (_IDLE_MASK | select.POLLIN):
+                self._drain_idle(self.links[peer])
+
+    def _drain_idle(self, link):
+        """A link we are not waiting on hung up: read its last words (ABORT or EOF)."""
+        try:
+            link.advance(drain=True)
+        except PeerLost:
+            # a peer that said BYE finished its part and left; that is only an error
+            # once this rank needs it, which the awaited link itself reports
+            if not link.departed:
+                raise
+
+    def _timeout(self, recvs, sends):
+        waiting = sorted({self.peer_desc(r.peer) for r in recvs if not r.done})
+        sending = sorted({self.peer_desc(s.peer) for s in sends if not s.done})
+        parts = []
+        if waiting:
+            parts.append("waiting for data from " + ", ".join(waiting))
+        if sending:
+            parts.append("waiting to send to " + ", ".join(sending))
+        return CommTimeout(f"{self._here()}: timed out {'; '.join(parts)} "
+                           f"(is a rank stuck elsewhere, or calling a different collective?)")
+
+    # -- shutdown ----------------------------------------------------------
+    def abort(self, exc):
+        """Tell every peer why this group is broken, then hang up."""
+        if self.broken is not None:
+            return
+        self.broken = exc
+        msg = encode_error(exc)
+        for link in self.links.values():
+            try:
+                if not link.send_partial and not link.eof:
+                    link.sock.setblocking(True)
+                    link.sock.settimeout(0.2)
+                    link.sock.sendall(HEADER.pack(ABORT, 0, 0, 0, -1, 0, -1, len(msg)) + msg)
+            except OSError:
+                pass
+            self._hang_up(link)
+
+    @staticmethod
+    def _hang_up(link):
+        try:
+            link.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self):
+        bye = HEADER.pack(BYE, 0, 0, 0, -1, 0, -1, 0)
+        for link in self.links.values():
+            if self.broken is None and not link.send_partial and not link.eof:
+                try:
+                    link.sock.send(bye)
+                except OSError:
+                    pass
+            self._hang_up(link)
+            link.sock.close()
+        self.links = {}
+        if self.broken is None:
+            self.broken = GroupClosed("the group was destroyed")

@@ -1,0 +1,47 @@
+"""Work: the handle of an asynchronous operation, over a concurrent.futures.Future."""
+import concurrent.futures
+
+from .errors import CommTimeout
+from .options import to_seconds
+
+
+class Work:
+    __slots__ = ("_future", "_desc")
+
+    def __init__(self, future, desc=""):
+        self._future, self._desc = future, desc
+
+    def wait(self, timeout=None):
+        """Block until done; re-raise the operation's error. Returns True."""
+        try:
+            self._future.result(to_seconds(timeout, "timeout"))
+        except concurrent.futures.TimeoutError:
+            raise CommTimeout(f"Work.wait: {self._desc} did not complete within "
+                              f"{to_seconds(timeout)} s") from None
+        return True
+
+    def is_completed(self):
+        return self._future.done()
+
+    def is_success(self):
+        return self._future.done() and self._future.exception() is None
+
+    def exception(self, timeout=None):
+        return self._future.exception(to_seconds(timeout, "timeout"))
+
+    def get_future(self):
+        return self._future
+
+    def result(self):
+        """The operation's result (for recv-like calls), after waiting."""
+        return self._future.result()
+
+    def __repr__(self):
+        state = "done" if self._future.done() else "pending"
+        return f"<accord.Work {self._desc} {state}>"
+
+
+def completed_work(desc="", value=None):
+    f = concurrent.futures.Future()
+    f.set_result(value)
+    return Work(f, desc)

@@ -1,0 +1,90 @@
+"""run_ranks: run a function in N real processes that form an accord job.
+
+The parent hosts the rendezvous store (as `accord run` does) and waits for
+every child under a deadline; a child's exception comes back with its
+traceback and is re-raised in the test, and a hung child is killed.
+"""
+import multiprocessing as mp
+import os
+import pickle
+import time
+import traceback
+
+from accord.tcpstore import TCPStoreServer
+
+_CTX = mp.get_context("fork")
+
+
+class RankFailed(AssertionError):
+    pass
+
+
+def _child(rank, world, port, env, fn, args, conn, init):
+    try:
+        os.environ.update({k: str(v) for k, v in env.items()})
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port), ACCORD_LAUNCHER_STORE=f"127.0.0.1:{port}")
+        import accord
+        if init:
+            accord.init_process_group()
+        result = fn(rank, world, *args)
+        if init:
+            accord.destroy_process_group()
+        conn.send(("ok", pickle.dumps(result)))
+    except BaseException as e:
+        conn.send(("error", (type(e).__name__, str(e), traceback.format_exc())))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def run_ranks(world, fn, *args, timeout=60, env=None, init=True, expect_fail=False):
+    """Run fn(rank, world, *args) on `world` ranks; return the per-rank results.
+
+    With expect_fail=True, return [(kind, payload)] per rank instead of raising,
+    where kind is "ok", "error" (payload: (type name, message, traceback)) or
+    "hung"/"died".
+    """
+    server = TCPStoreServer("127.0.0.1", 0)
+    env = dict(env or {})
+    env.setdefault("ACCORD_TIMEOUT", str(timeout))
+    procs, conns = [], []
+    try:
+        for r in range(world):
+            parent, child = _CTX.Pipe(duplex=False)
+            p = _CTX.Process(target=_child, args=(r, world, server.port, env, fn, args, child, init),
+                             daemon=True)
+            p.start()
+            child.close()
+            procs.append(p)
+            conns.append(parent)
+        deadline = time.monotonic() + timeout + 10
+        outcomes = []
+        for r, (p, c) in enumerate(zip(procs, conns)):
+            remaining = max(0.0, deadline - time.monotonic())
+            if c.poll(remaining):
+                try:
+                    kind, payload = c.recv()
+                except EOFError:
+                    kind, payload = "died", f"exit code {p.exitcode}"
+            else:
+                kind, payload = ("hung", "no result before the deadline")
+            outcomes.append((kind, payload))
+        if expect_fail:
+            return [(k, pickle.loads(v) if k == "ok" else v) for k, v in outcomes]
+        failed = [(r, k, v) for r, (k, v) in enumerate(outcomes) if k != "ok"]
+        if failed:
+            lines = []
+            for r, k, v in failed:
+                lines.append(f"--- rank {r}: {k}")
+                lines.append(v[2] if k == "error" else str(v))
+            raise RankFailed("\n".join(lines))
+        return [pickle.loads(v) for _, v in outcomes]
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        server.close()
