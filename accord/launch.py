@@ -1,0 +1,492 @@
+"""`accord run`: start the ranks of a job on this host, like torchrun.
+
+    accord run -n 4 script.py [args...]
+    accord run --nnodes 2 --node-rank 0 --master-addr HOST --master-port PORT -n 2 script.py
+
+Each rank is a Python process with torchrun's environment (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...), so a
+script written for torchrun runs unchanged. Ranks inherit stdout and stderr.
+
+The rendezvous store lives in the launcher (node 0's launcher on several
+nodes), on its own port, and the ranks learn its address from
+ACCORD_LAUNCHER_STORE=host:port: every rank, rank 0 included, connects to it
+as a client, so no rank has to bind a port and a rank that dies does not take
+the store with it. MASTER_PORT is left free for programs that rendezvous
+themselves (torch.distributed with gloo binds it on rank 0, as under torchrun).
+
+When a rank exits non-zero or is killed by a signal, the launcher stops the
+others (SIGTERM, then SIGKILL after --grace seconds), prints which rank failed
+first, how, and its Python traceback, and exits with that rank's exit status
+(128 + signal number for a signal). SIGINT, SIGTERM and SIGHUP sent to the
+launcher are forwarded to the ranks the same way. The launcher never waits on
+a rank that will not die.
+"""
+import argparse
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+DEFAULT_GRACE = 3.0      # seconds between SIGTERM and SIGKILL when stopping ranks
+REAP_TIMEOUT = 5.0       # seconds to wait for SIGKILLed ranks to be reaped
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
+
+
+# --------------------------------------------------------------------------- configuration
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    target: str                       # script path, or module name when module=True
+    args: Tuple[str, ...] = ()
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0              # 0: pick a free port (one node only)
+    store_port: int = 0               # 0: any free port on one node, master_port + 1 on several
+    launcher_store: bool = True       # host the rendezvous store in the launcher
+    module: bool = False
+    grace: float = DEFAULT_GRACE
+    extra_env: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self):
+        return self.nnodes * self.nproc_per_node
+
+    def validate(self):
+        if self.nproc_per_node < 1:
+            raise ValueError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        for name, port in (("--master-port", self.master_port), ("--store-port", self.store_port)):
+            if not 0 <= port < 65536:
+                raise ValueError(f"{name} must be a TCP port (0-65535), got {port}")
+        if self.nnodes > 1:
+            if self.master_port == 0:
+                raise ValueError("--master-port is required with --nnodes > 1 "
+                                 "(every node must be given the same one)")
+            if self.master_addr in _LOOPBACK:
+                raise ValueError("--master-addr must be node 0's address, reachable from every "
+                                 f"node, with --nnodes > 1 (got {self.master_addr!r})")
+        if not self.grace >= 0:
+            raise ValueError(f"--grace must be >= 0 seconds, got {self.grace}")
+        if not self.module and not os.path.isfile(self.target):
+            raise ValueError(f"no such script: {self.target}")
+
+
+def add_arguments(parser):
+    parser.usage = ("accord run [-n N] [--nnodes N --node-rank I --master-addr HOST "
+                    "--master-port PORT] [-m] script.py|module [args...]")
+    parser.description = __doc__.split("\n\n")[2].replace("\n", " ")
+    parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
+                        type=int, default=1, metavar="N",
+                        help="ranks to start on this host (default 1)")
+    parser.add_argument("--nnodes", type=int, default=1, metavar="N",
+                        help="number of hosts taking part (default 1)")
+    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                        metavar="I", help="this host's index, 0 .. nnodes-1 (default 0)")
+    parser.add_argument("--master-addr", "--master_addr", dest="master_addr",
+                        default="127.0.0.1", metavar="HOST",
+                        help="address of node 0, reachable from every node (default 127.0.0.1)")
+    parser.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                        default=0, metavar="PORT",
+                        help="MASTER_PORT given to the ranks (default: a free port; "
+                             "required with --nnodes > 1)")
+    parser.add_argument("--store-port", dest="store_port", type=int, default=0, metavar="PORT",
+                        help="port of the launcher's rendezvous store on node 0 (default: a free "
+                             "port on one node, master-port + 1 on several)")
+    parser.add_argument("--no-launcher-store", dest="launcher_store", action="store_false",
+                        help="do not host the store in the launcher: rank 0 hosts it on "
+                             "MASTER_PORT, as with a plain env:// rendezvous")
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
+                        help="when stopping ranks, seconds between SIGTERM and SIGKILL "
+                             f"(default {DEFAULT_GRACE:g})")
+    parser.add_argument("-m", "--module", action="store_true",
+                        help="run the target as a module (python -m), not a script file")
+    parser.add_argument("target", metavar="script.py|module",
+                        help="the program every rank runs")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="args",
+                        help="arguments passed to the program")
+
+
+def config_from_args(args):
+    return LaunchConfig(target=args.target, args=tuple(args.args),
+                        nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                        node_rank=args.node_rank, master_addr=args.master_addr,
+                        master_port=args.master_port, store_port=args.store_port,
+                        launcher_store=args.launcher_store, module=args.module,
+                        grace=args.grace)
+
+
+def main(args):
+    try:
+        config = config_from_args(args)
+        config.validate()
+    except ValueError as exc:
+        _say(f"error: {exc}")
+        return 2
+    return launch(config)
+
+
+def launch(config):
+    """Run one node's share of a job; return the exit status `accord run` exits with."""
+    config.validate()
+    return _Launcher(config).run()
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _say(message):
+    sys.stderr.write(f"accord run: {message}\n")
+    sys.stderr.flush()
+
+
+def _signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_status(returncode):
+    """'exited with code 3' / 'was killed by SIGKILL (signal 9)'."""
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        return f"was killed by {_signal_name(-returncode)} (signal {-returncode})"
+    return f"exited with code {returncode}"
+
+
+def exit_status(returncode):
+    """The shell's convention: a process killed by signal S exits 128 + S."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def free_port(host="127.0.0.1"):
+    """A TCP port that is free now (another process may take it before it is used)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class _Rank:
+    rank: int
+    local_rank: int
+    error_file: str
+    proc: Optional[subprocess.Popen] = None
+    returncode: Optional[int] = None
+    ended: Optional[float] = None     # time.time() when the launcher saw it exit
+    signalled: bool = False           # the launcher asked it to stop
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    def error(self):
+        try:
+            with open(self.error_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+
+# --------------------------------------------------------------------------- the launcher
+
+class _Launcher:
+    def __init__(self, config):
+        self.config = config
+        self.ranks = []
+        self.events = queue.SimpleQueue()   # ("exit", rank) / ("signal", signum); put() is reentrant
+        self.store = None
+
+    # -- store and environment
+
+    def _start_store(self):
+        """Host the rendezvous store (node 0 only); return its 'host:port' for the ranks or ''."""
+        cfg = self.config
+        if not cfg.launcher_store:
+            return ""
+        if cfg.nnodes > 1:
+            port = cfg.store_port or cfg.master_port + 1
+            if cfg.node_rank != 0:
+                return f"{cfg.master_addr}:{port}"
+            bind = "0.0.0.0"
+        else:
+            port = cfg.store_port
+            bind = cfg.master_addr if cfg.master_addr in _LOOPBACK else "0.0.0.0"
+            if bind == "localhost":
+                bind = "127.0.0.1"
+        try:
+            from accord.tcpstore import TCPStoreServer
+        except ImportError as exc:
+            _say(f"warning: cannot host the store ({exc}); rank 0 will host it")
+            return ""
+        try:
+            self.store = TCPStoreServer(host=bind, port=port)
+        except OSError as exc:
+            raise RuntimeError(f"cannot start the rendezvous store on {bind}:{port}: {exc}") \
+                from exc
+        return f"{cfg.master_addr}:{self.store.port}"
+
+    def _base_env(self, store_address):
+        cfg = self.config
+        master_port = cfg.master_port or free_port(
+            "127.0.0.1" if cfg.master_addr in _LOOPBACK else "")
+        env = dict(os.environ)
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # our store does not speak torch's protocol
+        env.update({
+            "WORLD_SIZE": str(cfg.world_size),
+            "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
+            "GROUP_RANK": str(cfg.node_rank),
+            "GROUP_WORLD_SIZE": str(cfg.nnodes),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(cfg.world_size),
+            "MASTER_ADDR": cfg.master_addr,
+            "MASTER_PORT": str(master_port),
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "PYTHONUNBUFFERED": "1",
+        })
+        if cfg.nproc_per_node > 1:
+            # as torchrun does: N ranks each running a full-width thread pool oversubscribe
+            env.setdefault("OMP_NUM_THREADS", "1")
+        if store_address:
+            env["ACCORD_LAUNCHER_STORE"] = store_address
+        else:
+            env.pop("ACCORD_LAUNCHER_STORE", None)
+        env.update(cfg.extra_env)
+        return env
+
+    # -- processes
+
+    def _spawn(self, rank, base_env):
+        cfg = self.config
+        env = dict(base_env)
+        env.update({"RANK": str(rank.rank), "LOCAL_RANK": str(rank.local_rank),
+                    "ROLE_RANK": str(rank.rank)})
+        cmd = [sys.executable, _CHILD, rank.error_file, str(os.getpid()),
+               "module" if cfg.module else "script", cfg.target, *cfg.args]
+        # Each rank leads its own process group: terminal signals reach only the
+        # launcher, which forwards them, and stopping a rank stops what it started.
+        rank.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        threading.Thread(target=self._wait_for, args=(rank,), daemon=True,
+                         name=f"accord-run-wait-{rank.rank}").start()
+
+    def _wait_for(self, rank):
+        rank.proc.wait()
+        self.events.put(("exit", rank))
+
+    def _signal(self, rank, signum):
+        if rank.returncode is not None or rank.proc is None or rank.proc.returncode is not None:
+            return
+        try:
+            os.killpg(rank.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(rank.proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _alive(self):
+        return [r for r in self.ranks if r.returncode is None]
+
+    # -- signals sent to the launcher
+
+    def _on_signal(self, signum, frame):
+        self.events.put(("signal", signum))
+
+    def _install_handlers(self):
+        old = {}
+        if threading.current_thread() is not threading.main_thread():
+            return old
+        for signum in _FORWARDED:
+            try:
+                old[signum] = signal.signal(signum, self._on_signal)
+            except (OSError, ValueError):
+                pass
+        return old
+
+    @staticmethod
+    def _restore_handlers(old):
+        for signum, handler in old.items():
+            try:
+                signal.signal(signum, handler)
+            except (OSError, ValueError, TypeError):
+                pass
+
+    # -- the run
+
+    def run(self):
+        cfg = self.config
+        old_handlers = self._install_handlers()
+        ok = False
+        try:
+            with tempfile.TemporaryDirectory(prefix="accord-run-") as tmp:
+                try:
+                    store_address = self._start_store()
+                    env = self._base_env(store_address)
+                except (RuntimeError, OSError) as exc:
+                    _say(f"error: {exc}")
+                    return 1
+                first = cfg.node_rank * cfg.nproc_per_node
+                self.ranks = [_Rank(first + i, i, os.path.join(tmp, f"error-{first + i}.json"))
+                              for i in range(cfg.nproc_per_node)]
+                try:
+                    for rank in self.ranks:
+                        self._spawn(rank, env)
+                except OSError as exc:
+                    _say(f"error: cannot start rank {rank.rank}: {exc}")
+                    self._stop_all(signal.SIGKILL)
+                    self._supervise(stopping=True)
+                    return 1
+                status = self._supervise()
+                ok = status == 0
+                return status
+        finally:
+            # Nothing we started outlives the launcher.
+            for rank in self.ranks:
+                if rank.proc is not None and rank.proc.poll() is None:
+                    self._signal(rank, signal.SIGKILL)
+            self._close_store(ok)
+            self._restore_handlers(old_handlers)
+
+    def _close_store(self, ok):
+        if self.store is None:
+            return
+        try:
+            if ok and self.config.nnodes > 1:
+                # ranks on other nodes may still be finishing with the store
+                self.store.wait_clients_gone(timeout=30.0)
+            elif ok:
+                self.store.wait_clients_gone(timeout=2.0)
+        except Exception:
+            pass
+        try:
+            self.store.close()
+        except Exception:
+            pass
+        self.store = None
+
+    def _stop_all(self, signum):
+        for rank in self._alive():
+            rank.signalled = True
+            self._signal(rank, signum)
+
+    def _supervise(self, stopping=False):
+        """Wait for every rank; stop them all at the first failure or signal. Return the status."""
+        cfg = self.config
+        failure = None          # the first rank seen to fail on its own
+        got_signal = None       # a signal the launcher received
+        kill_at = None          # when survivors get SIGKILL
+        give_up_at = None       # when the launcher stops waiting for SIGKILLed ranks
+        spawned = [r for r in self.ranks if r.proc is not None]
+        pending = {id(r) for r in spawned}
+        while pending:
+            try:
+                kind, what = self.events.get(timeout=0.2)
+            except queue.Empty:
+                kind = what = None
+            now = time.monotonic()
+            if kind == "exit":
+                rank = what
+                rank.returncode = rank.proc.returncode
+                rank.ended = time.time()
+                pending.discard(id(rank))
+                if rank.returncode != 0 and not stopping:
+                    failure = rank
+                    stopping = True
+                    others = len(self._alive())
+                    _say(f"rank {rank.rank} {describe_status(rank.returncode)}"
+                         + (f"; stopping the other {others} rank{'s' * (others != 1)}"
+                            if others else ""))
+                    self._stop_all(signal.SIGTERM)
+                    kill_at = now + cfg.grace
+            elif kind == "signal":
+                if not stopping:
+                    got_signal = what
+                    stopping = True
+                    _say(f"received {_signal_name(what)}; stopping the ranks")
+                    self._stop_all(what)
+                    kill_at = now + cfg.grace
+                else:
+                    if got_signal is None:
+                        got_signal = what
+                    kill_at = now  # asked twice: no more grace
+            if stopping and kill_at is None and give_up_at is None:
+                kill_at = now + cfg.grace
+            if kill_at is not None and now >= kill_at and pending:
+                stuck = self._alive()
+                if stuck:
+                    _say(f"rank{'s' * (len(stuck) > 1)} "
+                         f"{', '.join(str(r.rank) for r in stuck)} did not stop within "
+                         f"{cfg.grace:g}s; sending SIGKILL")
+                    self._stop_all(signal.SIGKILL)
+                kill_at = None
+                give_up_at = now + REAP_TIMEOUT
+            if give_up_at is not None and now >= give_up_at and pending:
+                _say("giving up on rank(s) "
+                     + ", ".join(str(r.rank) for r in self._alive())
+                     + " that survived SIGKILL")
+                break
+        if failure is not None:
+            return self._report_failure(failure)
+        if got_signal is not None:
+            return 128 + got_signal
+        if stopping:  # a spawn error
+            return 1
+        return 0
+
+    def _report_failure(self, observed):
+        """Name the rank whose failure came first, show its traceback, return its exit status."""
+        def when(rank):
+            err = rank.error()
+            if err and isinstance(err.get("time"), (int, float)):
+                return err["time"]
+            return rank.ended if rank.ended is not None else float("inf")
+
+        # Ranks that failed on their own: the one seen first, and any that raised
+        # (the launcher's SIGTERM leaves no error file).
+        candidates = [observed] + [r for r in self.ranks
+                                   if r is not observed and r.error() is not None]
+        root = min(candidates, key=lambda r: (when(r), r is not observed))
+        how = describe_status(root.returncode)
+        _say(f"job failed: rank {root.rank} (local rank {root.local_rank} on node "
+             f"{self.config.node_rank}, pid {root.pid}) {how}")
+        err = root.error()
+        if err and err.get("traceback"):
+            prefix = f"[rank {root.rank}] "
+            text = "".join(prefix + line + "\n"
+                           for line in err["traceback"].rstrip("\n").split("\n"))
+            sys.stderr.write(text)
+        others = [r for r in self.ranks if r is not root and r.proc is not None]
+        if others:
+            parts = []
+            for r in others:
+                if r.returncode == 0:
+                    state = "finished"
+                elif r.returncode is None:
+                    state = "still running"
+                elif r.signalled and r.returncode < 0:
+                    state = f"stopped ({_signal_name(-r.returncode)})"
+                else:
+                    state = describe_status(r.returncode)
+                    if r.error():
+                        state += f" ({r.error().get('type', 'error')})"
+                parts.append(f"rank {r.rank} {state}")
+            _say("other ranks: " + "; ".join(parts))
+        sys.stderr.flush()
+        return exit_status(root.returncode) or 1
