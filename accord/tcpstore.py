@@ -1,0 +1,413 @@
+"""TCPStore: the rendezvous store reachable from every host.
+
+A threaded server holds a store.Table; each client keeps one socket. Every
+message is a frame: u32 length, u8 code, then fields, each u32 length + bytes
+(ints and timeouts travel as ASCII). Blocking get/wait run on the server with
+the caller's remaining timeout, so the server, not the client, decides that
+time is up; the client only adds a grace period in case the server host
+vanished without closing the connection.
+"""
+import atexit
+import errno
+import os
+import select
+import socket
+import threading
+import time
+
+from .errors import AccordError, CommTimeout, PeerLost
+from .store import DEFAULT_STORE_TIMEOUT, Store, Table, _amount, _key, _keys, _value, timeout_error
+
+_MAGIC = b"accord-store-1"
+_HELLO, _SET, _GET, _ADD, _CAS, _CHECK, _WAIT, _DELETE, _NUM_KEYS = range(1, 10)
+_OK, _TIMEOUT, _VALUE_ERROR, _ERROR = range(4)
+_MAX_FRAME = 1 << 31            # values may be large, but not absurd
+_MAX_FIRST_FRAME = 1024         # before HELLO: a stray client (HTTP, a probe) sends junk
+_GRACE_S = 5.0                  # client-side slack over a server-side wait
+
+
+class AddressInUse(AccordError, OSError):
+    """The store's port is taken, most often by another job's store."""
+
+    errno = errno.EADDRINUSE
+
+
+class _BadFrame(Exception):
+    pass
+
+
+class _ServerTimeout(Exception):
+    """The server's wait ran out; args[0] lists the keys still missing."""
+
+
+def _frame(code, fields=()):
+    parts = [bytes((code,))]
+    for f in fields:
+        parts.append(len(f).to_bytes(4, "little"))
+        parts.append(f)
+    body = b"".join(parts)
+    return len(body).to_bytes(4, "little") + body
+
+
+def _parse(frame):
+    if not frame:
+        raise _BadFrame("empty frame")
+    view, pos, fields = memoryview(frame), 1, []
+    while pos < len(frame):
+        n = int.from_bytes(view[pos:pos + 4], "little")
+        if pos + 4 + n > len(frame):
+            raise _BadFrame("field overruns its frame")
+        fields.append(bytes(view[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    return frame[0], fields
+
+
+class _Conn:
+    """Reads whole frames off a socket, one recv for small ones."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = bytearray()
+
+    def read_frame(self, limit=_MAX_FRAME):
+        buf = self.buf
+        while True:
+            if len(buf) >= 4:
+                n = int.from_bytes(buf[:4], "little")
+                if n > limit:
+                    raise _BadFrame(f"frame of {n} bytes exceeds {limit}")
+                if len(buf) >= 4 + n:
+                    frame = bytes(buf[4:4 + n])
+                    del buf[:4 + n]
+                    return frame
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise EOFError
+            buf += chunk
+
+
+def _peer_gone(sock):
+    """True if the client closed its end (it sends nothing while it waits)."""
+    try:
+        if not select.select([sock], [], [], 0)[0]:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):
+        return True
+
+
+class TCPStoreServer:
+    """Serves one Table over TCP; a daemon thread per client connection."""
+
+    def __init__(self, host="0.0.0.0", port=0, display_host=None):
+        self.host = host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        # SO_REUSEADDR lets a new job bind while the old one's sockets sit in
+        # TIME_WAIT; unlike SO_REUSEPORT it still refuses a second live server.
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._listener.bind((host, port))
+        except OSError as e:
+            self._listener.close()
+            if e.errno == errno.EADDRINUSE:
+                raise AddressInUse(
+                    f"store port {port} on {display_host or host} is already in use "
+                    f"(another job? choose another MASTER_PORT)") from e
+            raise
+        self._listener.listen(512)
+        self.port = self._listener.getsockname()[1]
+        self._table = Table()
+        self._clients = 0               # connections that said HELLO, still open
+        self._conns = set()
+        self._closed = False
+        self._accepter = threading.Thread(target=self._accept_loop, daemon=True,
+                                          name=f"accord-store:{self.port}")
+        self._accepter.start()
+
+    def __repr__(self):
+        return f"<TCPStoreServer {self.host}:{self.port} clients={self.num_clients()}>"
+
+    def num_clients(self):
+        with self._table.cond:
+            return self._clients
+
+    def wait_clients_gone(self, timeout):
+        """True once every client has disconnected; False if timeout passed first."""
+        with self._table.cond:
+            return self._table.cond.wait_for(lambda: self._clients == 0, timeout)
+
+    def wait_clients(self, n, timeout):
+        """True once at least n clients are connected; False at the timeout."""
+        with self._table.cond:
+            return self._table.cond.wait_for(lambda: self._clients >= n, timeout)
+
+    def close(self):
+        with self._table.cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._table.cond.notify_all()     # wakes handlers in get/wait
+            conns = list(self._conns)
+        # shutdown() wakes a thread blocked in accept()/recv() on Linux, where
+        # close() alone would not.
+        for s in [self._listener] + conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._listener.close()
+        self._accepter.join(timeout=1.0)
+
+    def _accept_loop(self):
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.01)    # e.g. EMFILE: back off rather than spin
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._table.cond:
+                if self._closed:
+                    sock.close()
+                    return
+                self._conns.add(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True,
+                             name=f"accord-store:{self.port}:client").start()
+
+    def _serve(self, sock):
+        conn, greeted = _Conn(sock), False
+        try:
+            while not self._closed:
+                code, fields = _parse(conn.read_frame(_MAX_FRAME if greeted else _MAX_FIRST_FRAME))
+                if not greeted:
+                    if code != _HELLO or fields != [_MAGIC]:
+                        sock.sendall(_frame(_ERROR, [b"not an accord store client"]))
+                        return
+                    greeted = True
+                    with self._table.cond:
+                        self._clients += 1
+                        self._table.cond.notify_all()
+                    sock.sendall(_frame(_OK))
+                    continue
+                sock.sendall(self._handle(code, fields, sock))
+        except (EOFError, OSError, _BadFrame):
+            pass   # client gone, server closing, or a peer speaking nonsense
+        finally:
+            with self._table.cond:
+                self._conns.discard(sock)
+                if greeted:
+                    self._clients -= 1
+                    self._table.cond.notify_all()
+            sock.close()
+
+    def _handle(self, code, f, sock):
+        table = self._table
+
+        def stop():
+            return self._closed or _peer_gone(sock)
+
+        try:
+            if code == _SET:
+                table.set(f[0].decode(), f[1])
+                return _frame(_OK)
+            if code == _GET:
+                value = table.get(f[0].decode(), float(f[1]), stop)
+                return _frame(_OK, [value]) if value is not None else _frame(_TIMEOUT, [f[0]])
+            if code == _ADD:
+                return _frame(_OK, [str(table.add(f[0].decode(), int(f[1]))).encode()])
+            if code == _CAS:
+                return _frame(_OK, [table.compare_set(f[0].decode(), f[1], f[2])])
+            if code == _CHECK:
+                return _frame(_OK, [b"1" if table.check([k.decode() for k in f]) else b"0"])
+            if code == _WAIT:
+                missing = table.wait([k.decode() for k in f[1:]], float(f[0]), stop)
+                return _frame(_TIMEOUT, [k.encode() for k in missing]) if missing else _frame(_OK)
+            if code == _DELETE:
+                return _frame(_OK, [b"1" if table.delete(f[0].decode()) else b"0"])
+            if code == _NUM_KEYS:
+                return _frame(_OK, [str(table.num_keys()).encode()])
+            return _frame(_ERROR, [f"unknown request code {code}".encode()])
+        except ValueError as e:
+            return _frame(_VALUE_ERROR, [str(e).encode()])
+        except (IndexError, UnicodeDecodeError) as e:
+            return _frame(_ERROR, [f"malformed request: {e}".encode()])
+
+
+class TCPStore(Store):
+    """torch.distributed.TCPStore's shape: is_master=True also runs the server.
+
+    With is_master and port 0 the server takes a free port; `.port` says which.
+    Clients retry connecting until the timeout, since the master may start
+    later. wait_for_workers (master only) waits until world_size clients,
+    the master's own included, have connected.
+    """
+
+    def __init__(self, host, port, world_size=None, is_master=False,
+                 timeout=DEFAULT_STORE_TIMEOUT, wait_for_workers=False):
+        super().__init__(timeout)
+        self.host, self.world_size = host, world_size
+        self._server = None
+        self._sock = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._broken = None     # the error that ended this connection, if any
+        self._pid = os.getpid()
+        v6 = ":" in host
+        if is_master:
+            # Listen on every interface (as torch does) so other hosts reach
+            # MASTER_ADDR; talk to it over loopback, which cannot be misrouted.
+            self._server = TCPStoreServer("::" if v6 else "0.0.0.0", port, display_host=host)
+            port = self._server.port
+            atexit.register(self.close)
+        elif not port:
+            raise ValueError("TCPStore: a client needs the master's port, got 0")
+        self.port = port
+        self._where = f"{host}:{port}"
+        try:
+            self._connect(("::1" if v6 else "127.0.0.1") if is_master else host, port)
+            if is_master and wait_for_workers and world_size:
+                if not self._server.wait_clients(world_size, self.timeout):
+                    raise CommTimeout(
+                        f"TCPStore master at {self._where}: only {self._server.num_clients()} "
+                        f"of {world_size} workers connected within {self.timeout:g} s")
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self):
+        role = "master" if self._server else "client"
+        return f"<TCPStore {role} {self._where}>"
+
+    def _connect(self, host, port):
+        deadline = time.monotonic() + self.timeout
+        delay, last = 0.01, None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommTimeout(
+                    f"could not reach the store at {host}:{port} within {self.timeout:g} s "
+                    f"(last error: {last}); is the master (rank 0) running, and are "
+                    f"MASTER_ADDR/MASTER_PORT right?")
+            try:
+                sock = socket.create_connection((host, port), timeout=min(remaining, 10.0))
+                break
+            except OSError as e:    # refused (master not up yet), unreachable, DNS
+                last = e
+                time.sleep(min(delay, max(remaining, 0)))
+                delay = min(delay * 2, 0.5)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock, self._conn = sock, _Conn(sock)
+        try:
+            self._call(_HELLO, [_MAGIC])
+        except AccordError as e:
+            raise AccordError(f"the service at {host}:{port} is not an accord store "
+                              f"(handshake failed: {e})") from None
+
+    def _call(self, code, fields, wait=None):
+        """One request/response; `wait` is the server-side wait, if any."""
+        if self._pid != os.getpid():
+            # A forked child shares our socket: its replies would interleave.
+            raise AccordError(f"TCPStore {self._where} was created in process {self._pid}; "
+                              f"a forked child must open its own TCPStore")
+        with self._lock:
+            if self._sock is None:
+                if isinstance(self._broken, PeerLost) and not self._closed:
+                    raise PeerLost(str(self._broken), peer=self._where)
+                if self._broken is not None and not self._closed:
+                    raise AccordError(str(self._broken))
+                raise AccordError(f"TCPStore {self._where} is closed")
+            try:
+                self._sock.settimeout(self.timeout if wait is None else wait + _GRACE_S)
+                self._sock.sendall(_frame(code, fields))
+                status, out = _parse(self._conn.read_frame())
+            except socket.timeout:
+                # The answer may still arrive later and would be read as the
+                # reply to the next request: this connection is unusable now.
+                self._drop()
+                self._broken = CommTimeout(f"the store at {self._where} did not answer within "
+                                           f"{self._sock_timeout(wait):g} s; connection dropped")
+                raise self._broken from None
+            except (EOFError, OSError, _BadFrame) as e:
+                self._drop()
+                if self._closed:
+                    raise AccordError(f"TCPStore {self._where} was closed") from None
+                self._broken = PeerLost(
+                    f"the store at {self._where} closed the connection "
+                    f"({type(e).__name__}{': ' + str(e) if str(e) else ''}); "
+                    f"did the master (rank 0) exit or crash?", peer=self._where)
+                raise self._broken from None
+        if status == _OK:
+            return out
+        if status == _VALUE_ERROR:
+            raise ValueError(out[0].decode(errors="replace"))
+        if status == _TIMEOUT:
+            raise _ServerTimeout([k.decode(errors="replace") for k in out])
+        raise AccordError(f"store at {self._where}: {out[0].decode(errors='replace')}")
+
+    def _sock_timeout(self, wait):
+        return self.timeout if wait is None else wait + _GRACE_S
+
+    def _drop(self):
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def set(self, key, value):
+        self._call(_SET, [_key(key).encode(), _value(value)])
+
+    def get(self, key, timeout=None):
+        t = self._deadline_s(timeout)
+        try:
+            return self._call(_GET, [_key(key).encode(), repr(t).encode()], wait=t)[0]
+        except _ServerTimeout:
+            raise timeout_error("get", [key], t, f" (in the store at {self._where})") from None
+
+    def add(self, key, amount):
+        return int(self._call(_ADD, [_key(key).encode(), str(_amount(amount)).encode()])[0])
+
+    def compare_set(self, key, expected, desired):
+        return self._call(_CAS, [_key(key).encode(), _value(expected, "expected"),
+                                 _value(desired, "desired")])[0]
+
+    def wait(self, keys, timeout=None):
+        t = self._deadline_s(timeout)
+        keys = _keys(keys)
+        try:
+            self._call(_WAIT, [repr(t).encode()] + [k.encode() for k in keys], wait=t)
+        except _ServerTimeout as e:
+            raise timeout_error("wait", e.args[0], t,
+                                f" (in the store at {self._where})") from None
+
+    def check(self, keys):
+        return self._call(_CHECK, [k.encode() for k in _keys(keys)])[0] == b"1"
+
+    def delete_key(self, key):
+        return self._call(_DELETE, [_key(key).encode()])[0] == b"1"
+
+    def num_keys(self):
+        return int(self._call(_NUM_KEYS, [])[0])
+
+    def close(self):
+        """Disconnect; the master then waits (at most min(timeout, 30 s)) for
+        the other clients to leave before stopping the server, so rank 0 does
+        not pull the store from under ranks still using it."""
+        if self._closed:
+            return
+        self._closed = True
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)   # wakes a thread blocked in _call
+            except OSError:
+                pass
+        with self._lock:
+            self._drop()
+        if self._server is not None:
+            atexit.unregister(self.close)
+            self._server.wait_clients_gone(min(self.timeout, 30.0))
+            self._server.close()
