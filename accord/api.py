@@ -52,13 +52,36 @@ def is_initialized():
 
 # -- groups -------------------------------------------------------------------
 
+def _connect(g, store, addr, timeout):
+    """Give member group g its transport, meeting its peers through store."""
+    import time
+    socks = connect_mesh(store, g.name, g.rank, g.size, addr, time.monotonic() + timeout)
+    g.transport = TcpTransport(g.rank, g.size, socks, g.describe_rank)
+
+
 def _build_group(w, name, ranks, timeout):
     g = ProcessGroup(name, ranks, w.rank, timeout=timeout, options=w.options)
     if g.is_member:
-        import time
-        socks = connect_mesh(w.store, name, g.rank, g.size, w.addr, time.monotonic() + timeout)
-        g.transport = TcpTransport(g.rank, g.size, socks, g.describe_rank)
+        _connect(g, w.store, w.addr, timeout)
     w.groups.append(g)
+    return g
+
+
+def _group_from_store(store, rank, size, timeout=None, name="default", ranks=None):
+    """A standalone member group over a store someone else set up (accord.torch).
+
+    store: anything with set/get (bytes)/add/wait, e.g. a torch.distributed
+    Store, already private to this group. rank/size are group-local; ranks
+    are the members' global ranks (used in messages), default range(size).
+    The group is not part of accord's own world: its owner destroys it.
+    """
+    options = Options.from_env()
+    timeout = to_seconds(timeout) or options.timeout
+    ranks = list(range(size)) if not ranks else [int(r) for r in ranks]
+    if len(ranks) != size or not 0 <= rank < size:
+        raise ValueError(f"rank {rank} / size {size} / ranks {ranks} do not agree")
+    g = ProcessGroup(name, ranks, ranks[rank], timeout=timeout, options=options)
+    _connect(g, store, options.addr or local_address(_master_host(None)), timeout)
     return g
 
 
