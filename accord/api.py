@@ -19,6 +19,7 @@ from .options import Options, to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
 from .transport.connect import connect_mesh, local_address
 from .transport.tcp import TcpTransport
+from .transport.wire import NO_DTYPE
 from .work import completed_work
 
 _EMPTY = np.empty(0, dtype=np.uint8)
@@ -552,7 +553,7 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     def body(c):
         if c is not None:
             rooted.barrier(c, _EMPTY)
-    return _run(g, "barrier", body, async_op, timeout, (-1, 0, 0, 0, ""))
+    return _run(g, "barrier", body, async_op, timeout, (-1, NO_DTYPE, 0, 0, ""))
 
 
 # -- point to point ---------------------------------------------------------------

@@ -73,7 +73,7 @@ class Link:
             return False
         except OSError as e:
             if e.errno in _EOF_ERRNOS:
-                self._lost(f"connection reset ({e.strerror})")
+                self._lost(f"reset the connection ({e.strerror})")
             raise
         if n == 0:
             self._lost("closed the connection")
@@ -82,9 +82,38 @@ class Link:
 
     def _lost(self, why):
         self.eof = True
+        # a peer that aborted sent its reason before hanging up: report that, not the hang-up
+        reason = self._last_words()
+        if reason is not None:
+            raise reason
         if self.departed:
             why = "left the group (destroyed it or exited) while this rank still needed it"
         raise self.t.peer_lost(self.peer, why)
+
+    def _last_words(self, limit=64 << 20):
+        """Look through what the peer sent before it hung up for an ABORT."""
+        data = bytearray(self.rview[self.rstart:self.rend])
+        while len(data) < limit:
+            try:
+                chunk = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except OSError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        pos = 0
+        if self.incoming is not None:
+            h, dest, off, owner = self.incoming
+            pos = len(dest) - off
+        while pos + HEADER_SIZE <= len(data):
+            h = HEADER.unpack_from(data, pos)
+            pos += HEADER_SIZE
+            if h[0] == ABORT:
+                return decode_error(data[pos:pos + h[7]], self.t.peer_desc(self.peer))
+            if h[0] == BYE:
+                self.departed = True
+            pos += h[7]
+        return None
 
     def advance(self, drain=False):
         """Route incoming messages to posted receives; True if any byte moved.
@@ -134,7 +163,7 @@ class Link:
                         return moved
                     except OSError as e:
                         if e.errno in _EOF_ERRNOS:
-                            self._lost(f"connection reset ({e.strerror})")
+                            self._lost(f"reset the connection ({e.strerror})")
                         raise
                     if k == 0:
                         self._lost("closed the connection")
@@ -208,7 +237,7 @@ class Link:
                 return moved
             except OSError as e:
                 if e.errno in _EOF_ERRNOS:
-                    self._lost(f"connection reset ({e.strerror})")
+                    self._lost(f"reset the connection ({e.strerror})")
                 raise
             moved = True
             while n:

@@ -13,6 +13,7 @@ HEADER = struct.Struct("<BBBBiqqQ")
 HEADER_SIZE = HEADER.size
 
 COLL, P2P, ABORT, BYE = 1, 2, 3, 4
+NO_DTYPE = 255           # calls that carry no tensor (barrier)
 
 OP_NAMES = ("none", "broadcast", "all_gather", "gather", "scatter", "reduce", "all_reduce",
             "reduce_scatter", "all_to_all", "barrier", "send")
@@ -36,8 +37,7 @@ class Stamp:
                 and h[2] == self.dtype and h[3] == self.redop and h[6] == self.count)
 
     def describe(self):
-        return describe(self.op, self.seq, self.root, self.dtype_name or f"dtype#{self.dtype}",
-                        self.count)
+        return describe(self.op, self.seq, self.root, self.dtype_name, self.count)
 
 
 def describe(op, seq, root, dtype, count):
@@ -45,8 +45,9 @@ def describe(op, seq, root, dtype, count):
     parts = [f"{name} #{seq}"]
     if root >= 0:
         parts.append(f"root {root}")
-    parts.append(str(dtype))
-    if count >= 0:
+    if dtype:
+        parts.append(str(dtype))
+    if count > 0 or count == 0 and dtype:
         parts.append(f"{count} bytes")
     return ", ".join(parts)
 
@@ -55,7 +56,7 @@ def describe_header(h):
     from .._dtypes import dtype_name
     if h[0] == P2P:
         return f"send (tag {h[5]}, {h[7]} bytes)"
-    return describe(h[1], h[5], h[4], dtype_name(h[2]), h[6])
+    return describe(h[1], h[5], h[4], "" if h[2] == NO_DTYPE else dtype_name(h[2]), h[6])
 
 
 _ERROR_TYPES = {cls.__name__: cls for cls in (CommTimeout, PeerLost, Desync, GroupClosed,
