@@ -42,8 +42,14 @@ def recursive_doubling(c, acc, op, bf16, tmp):
     while mask < p2:
         partner = r ^ mask
         c.exchange(sends=[(partner, acc)], recvs=[(partner, tmp)])
-        # a+b == b+a exactly for IEEE floats, so both partners hold the same bits
-        reduce_into(op, acc, tmp, bf16)
+        # both partners reduce (lower rank's part) op (higher rank's part): numpy's
+        # complex64 multiply is not bit-commutative (a*b != b*a), so the operand order
+        # must be the same on both sides for every rank to end with the same bits
+        if r < partner:
+            reduce_into(op, acc, tmp, bf16)
+        else:
+            reduce_into(op, tmp, acc, bf16)
+            acc[...] = tmp
         mask <<= 1
     if op == ReduceOp.AVG:
         finish_avg(acc, n, bf16)
