@@ -23,6 +23,8 @@ class Command(NamedTuple):
 
 COMMANDS = (
     Command("run", "accord.launch", "start N ranks of a Python script or module, like torchrun"),
+    Command("bench", "accord.bench", "time accord's collectives, side by side with gloo and MPI"),
+    Command("doctor", "accord.doctor", "check this host: /dev/shm, network, ports, torch, MPI"),
 )
 
 

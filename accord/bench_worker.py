@@ -1,0 +1,327 @@
+"""One rank of `accord bench`: times collectives of one library and reports to the driver.
+
+Started by accord.bench, never by hand:
+
+    accord run -n N -m accord.bench_worker --lib accord|gloo ...     (accord, torch gloo)
+    mpiexec -n N python -m accord.bench_worker --lib mpi ...         (mpi4py + MPICH)
+
+The method is the anchors' (../shared/anchors/bench_gloo.py, bench_mpi.py),
+unchanged: for every size, allocate the buffers; for every op, warm up, then
+BLOCKS timed blocks of ITERS ops, each block preceded by a barrier; a block's
+time is its mean op time; the max over ranks of every block time (and of each
+rank's median single-op time) is taken with an all_reduce(MAX); the reported
+latency is the median block.  size = bytes of each rank's float32 tensor;
+busbw uses nccl-tests' factors.
+
+Rank 0 writes lines that start with PREFIX on stdout, one JSON object each:
+{"progress": "..."} before each measurement, {"row": {...}} after it.  After
+the timing of each size, every result is checked (broadcast/all_gather/scatter
+/all_reduce wrote what they should), and the row says so in "verified".
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+PREFIX = "@@accord-bench "
+OPS = ("broadcast", "all_gather", "scatter", "all_reduce")
+BARRIER_SIZE = 8          # the barrier row is timed with the plan of an 8-byte op
+
+
+def plan(size, quick=False):
+    """(warm-up ops, ops per block, blocks): the anchors' plan; --quick is a smoke test."""
+    if quick:
+        return 2, 5, 3
+    if size <= 1 << 10: return 50, 200, 7
+    if size <= 64 << 10: return 20, 100, 7
+    if size <= 1 << 20: return 5, 20, 7
+    if size <= 16 << 20: return 2, 5, 5
+    return 1, 3, 5
+
+
+def bus_factor(op, n):
+    """nccl-tests: busbw = algbw * factor."""
+    return {"broadcast": 1.0, "all_gather": (n - 1) / n, "scatter": (n - 1) / n,
+            "all_reduce": 2 * (n - 1) / n, "barrier": 0.0}[op]
+
+
+def algbw_bytes(op, size, world):
+    """nccl-tests' S: the bytes an op is said to move (all_gather/scatter: the whole buffer)."""
+    return size * world if op in ("all_gather", "scatter") else size
+
+
+def _emit(obj):
+    sys.stdout.write(PREFIX + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- the libraries
+# Each adapter has rank, world, barrier(), max_over_ranks(list) -> list,
+# buffers(size) -> (ops dict, verify() -> bool), close().
+
+class AccordLib:
+    name = "accord"
+
+    def __init__(self):
+        import numpy as np
+        import accord
+        self.np, self.dist = np, accord
+        accord.init_process_group()
+        self.rank, self.world = accord.get_rank(), accord.get_world_size()
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def max_over_ranks(self, values):
+        t = self.np.array(values, dtype=self.np.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def buffers(self, size):
+        np, dist, rank, world = self.np, self.dist, self.rank, self.world
+        numel = size // 4
+        x = np.full(numel, rank + 1, np.float32)
+        gl = [np.empty(numel, np.float32) for _ in range(world)]
+        sc = [np.full(numel, i, np.float32) for i in range(world)] if rank == 0 else None
+        y = np.empty(numel, np.float32)
+        z = np.zeros(numel, np.float32)
+        ops = {
+            "broadcast": lambda: dist.broadcast(x, src=0),
+            "all_gather": lambda: dist.all_gather(gl, x),
+            "scatter": lambda: dist.scatter(y, sc, src=0),
+            "all_reduce": lambda: dist.all_reduce(z, op=dist.ReduceOp.SUM),
+            "barrier": lambda: dist.barrier(),
+        }
+
+        def verify(done):
+            ok = True
+            if "broadcast" in done:
+                ok &= bool((x == 1).all())
+            if "all_gather" in done:
+                want = 1 if "broadcast" in done else None
+                for i, g in enumerate(gl):
+                    ok &= bool((g == (want if want is not None else i + 1)).all())
+            if "scatter" in done:
+                ok &= bool((y == rank).all())
+            if "all_reduce" in done:
+                ok &= bool((z == 0).all())
+            return ok
+        return ops, verify
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class GlooLib:
+    name = "gloo"
+
+    def __init__(self):
+        from datetime import timedelta
+        import torch
+        import torch.distributed as dist
+        torch.set_num_threads(1)
+        self.torch, self.dist = torch, dist
+        dist.init_process_group("gloo", init_method="env://",
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timedelta(seconds=float(os.environ.get(
+                                    "ACCORD_BENCH_TIMEOUT", "300"))))
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def max_over_ranks(self, values):
+        t = self.torch.tensor(values, dtype=self.torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def buffers(self, size):
+        torch, dist, rank, world = self.torch, self.dist, self.rank, self.world
+        numel = size // 4
+        x = torch.full((numel,), float(rank + 1))
+        gl = [torch.empty(numel) for _ in range(world)]
+        sc = [torch.full((numel,), float(i)) for i in range(world)] if rank == 0 else None
+        y = torch.empty(numel)
+        z = torch.zeros(numel)
+        ops = {
+            "broadcast": lambda: dist.broadcast(x, src=0),
+            "all_gather": lambda: dist.all_gather(gl, x),
+            "scatter": lambda: dist.scatter(y, sc, src=0),
+            "all_reduce": lambda: dist.all_reduce(z, op=dist.ReduceOp.SUM),
+            "barrier": lambda: dist.barrier(),
+        }
+
+        def verify(done):
+            ok = True
+            if "broadcast" in done:
+                ok &= bool((x == 1).all())
+            if "all_gather" in done:
+                for i, g in enumerate(gl):
+                    ok &= bool((g == (1 if "broadcast" in done else i + 1)).all())
+            if "scatter" in done:
+                ok &= bool((y == rank).all())
+            if "all_reduce" in done:
+                ok &= bool((z == 0).all())
+            return ok
+        return ops, verify
+
+    def close(self):
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+class MpiLib:
+    name = "mpich"
+
+    def __init__(self):
+        import numpy as np
+        from mpi4py import MPI
+        self.np, self.MPI = np, MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
+        self.name = _mpi_flavour(MPI)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def max_over_ranks(self, values):
+        t = self.np.array(values, dtype=self.np.float64)
+        out = self.np.empty_like(t)
+        self.comm.Allreduce(t, out, op=self.MPI.MAX)
+        return out.tolist()
+
+    def buffers(self, size):
+        np, MPI, comm, rank, world = self.np, self.MPI, self.comm, self.rank, self.world
+        numel = size // 4
+        x = np.full(numel, rank + 1, np.float32)
+        gl = np.empty(numel * world, np.float32)
+        sc = np.arange(world, dtype=np.float32).repeat(numel) if rank == 0 else None
+        y = np.empty(numel, np.float32)
+        z = np.zeros(numel, np.float32)
+        zr = np.empty(numel, np.float32)
+        ops = {
+            "broadcast": lambda: comm.Bcast(x, root=0),
+            "all_gather": lambda: comm.Allgather(x, gl),
+            "scatter": lambda: comm.Scatter(sc, y, root=0),
+            "all_reduce": lambda: comm.Allreduce(z, zr, op=MPI.SUM),
+            "barrier": lambda: comm.Barrier(),
+        }
+
+        def verify(done):
+            ok = True
+            if "broadcast" in done:
+                ok &= bool((x == 1).all())
+            if "all_gather" in done:
+                want = (np.ones(numel * world, np.float32) if "broadcast" in done
+                        else np.arange(1, world + 1, dtype=np.float32).repeat(numel))
+                ok &= bool((gl == want).all())
+            if "scatter" in done:
+                ok &= bool((y == rank).all())
+            if "all_reduce" in done:
+                ok &= bool((zr == 0).all())
+            return ok
+        return ops, verify
+
+    def close(self):
+        self.comm.Barrier()
+
+
+def _mpi_flavour(MPI):
+    try:
+        text = MPI.Get_library_version().lower()
+    except Exception:
+        return "mpi"
+    for name in ("mpich", "open mpi", "intel", "mvapich"):
+        if name in text:
+            return {"open mpi": "openmpi"}.get(name, name)
+    return "mpi"
+
+
+LIBS = {"accord": AccordLib, "gloo": GlooLib, "mpi": MpiLib}
+
+
+# --------------------------------------------------------------------------- the method
+
+def measure(lib, fn, warm, iters, blocks):
+    """The anchors' loop; returns (median block time, max-over-ranks op p50, fastest block)."""
+    for _ in range(warm):
+        fn()
+    times, per_op = [], []
+    perf = time.perf_counter
+    for _ in range(blocks):
+        lib.barrier()
+        t0 = perf()
+        for _ in range(iters):
+            t1 = perf(); fn(); per_op.append(perf() - t1)
+        times.append((perf() - t0) / iters)
+    t = lib.max_over_ranks(times + [statistics.median(per_op)])
+    blk, p50 = t[:-1], t[-1]
+    return statistics.median(blk), p50, min(blk)
+
+
+def row(lib, op, size, med, p50, bmin, iters, blocks, verified):
+    world = lib.world
+    if op == "barrier":
+        algbw = busbw = None
+    else:
+        algbw = algbw_bytes(op, size, world) / med / 1e9
+        busbw = algbw * bus_factor(op, world)
+    return {"lib": lib.name, "world": world, "op": op, "size_bytes": size,
+            "lat_us": med * 1e6, "algbw_GBps": algbw, "busbw_GBps": busbw,
+            "op_p50_us": p50 * 1e6, "blk_min_us": bmin * 1e6, "iters": iters,
+            "blocks": blocks, "verified": verified}
+
+
+def run(lib, ops, sizes, quick, barrier):
+    rank0 = lib.rank == 0
+    say = (lambda text: _emit({"progress": text})) if rank0 else (lambda text: None)
+    if barrier:
+        warm, iters, blocks = plan(BARRIER_SIZE, quick)
+        say("barrier")
+        med, p50, bmin = measure(lib, lib.barrier, warm, iters, blocks)
+        if rank0:
+            _emit({"row": row(lib, "barrier", 0, med, p50, bmin, iters, blocks, True)})
+    for size in sizes:
+        say(f"allocating {size} B")
+        ops_fn, verify = lib.buffers(size)
+        warm, iters, blocks = plan(size, quick)
+        done, pending = [], []
+        for op in ops:
+            say(f"{op} {size} B")
+            med, p50, bmin = measure(lib, ops_fn[op], warm, iters, blocks)
+            done.append(op)
+            pending.append((op, med, p50, bmin))
+        # results are checked after every op of this size has run (as the anchors
+        # run them, one after the other on the same buffers), on every rank
+        ok = lib.max_over_ranks([0.0 if verify(done) else 1.0])[0] == 0.0
+        for op, med, p50, bmin in pending:
+            if rank0:
+                _emit({"row": row(lib, op, size, med, p50, bmin, iters, blocks, ok)})
+        del ops_fn, verify
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m accord.bench_worker")
+    ap.add_argument("--lib", choices=sorted(LIBS), required=True)
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--sizes", required=True, help="bytes, comma-separated")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-barrier", dest="barrier", action="store_false")
+    a = ap.parse_args(argv)
+    ops = [o for o in a.ops.split(",") if o]
+    sizes = [int(s) for s in a.sizes.split(",") if s]
+    lib = LIBS[a.lib]()
+    try:
+        run(lib, ops, sizes, a.quick, a.barrier)
+    finally:
+        lib.close()
+    if lib.rank == 0:
+        _emit({"done": True})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
