@@ -194,8 +194,9 @@ def _leave_at_exit():
 
 
 def _group(group):
-    w = _require_world()
-    return w.default if group is None else group
+    if group is not None:     # standalone groups (accord.torch) need no world
+        return group
+    return _require_world().default
 
 
 def get_rank(group=None):
