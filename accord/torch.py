@@ -1,0 +1,606 @@
+"""The "accord" backend of torch.distributed.
+
+    import torch.distributed as dist
+    import accord.torch                    # registers the backend "accord"
+    dist.init_process_group("accord")      # every torch.distributed call runs on accord
+
+Importing this module registers the backend (CPU device, torch's extended
+creator API). torch then calls `_create` once per group on every member rank,
+with the group's own store (already prefixed by torch), and uses the
+`AccordProcessGroup` it returns as the group itself: torch's functions
+(dist.all_reduce, ...), DDP's reducer, the object collectives and
+new_group/new_subgroups all end up in the methods below, which hand the
+tensors to accord's collectives on a private accord group.
+
+Ranks and roots arrive group-local (torch translates global ones first).
+Synchronous calls (opts.asyncOp false) run on the caller's thread, as a
+direct accord call does; asynchronous ones, and every C++ caller (DDP), go
+through the group's worker thread and return an `AccordWork`.
+
+Errors: accord's own types (CommTimeout, PeerLost, Desync, GroupClosed) reach
+the caller unchanged, from the call itself (synchronous) or from
+`Work.wait()` / `Work.get_future().wait()` (asynchronous).
+
+Tensors on an accelerator (CUDA, ...) are copied to host memory, reduced
+there and copied back, with a one-time warning: correct but slow. Call
+`.cpu()` yourself, or use NCCL for device tensors.
+
+This is the only accord module that imports torch.
+"""
+import atexit
+import datetime
+import os
+import threading
+import warnings
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from . import api
+from .errors import CommTimeout
+from .options import to_seconds
+from .reduceops import ReduceOp
+from .store import timeout_error
+
+__all__ = ["AccordProcessGroup", "AccordWork", "agent_store", "BACKEND_NAME"]
+
+BACKEND_NAME = "accord"
+
+_live_groups = weakref.WeakSet()
+_staging_warned = False
+
+
+# -- work ----------------------------------------------------------------------
+
+class AccordWork(dist.Work):
+    """torch's Work over one or more accord operations of one torch call.
+
+    `after` runs once every part is done (copies back staged or coalesced
+    tensors) before anyone waiting on this Work sees it complete.
+    """
+
+    def __init__(self, parts, outputs, desc, after=None, source_rank=-1):
+        super().__init__()
+        self._outputs = outputs
+        self._desc = desc
+        self._after = after
+        self._source = source_rank
+        self._tfut = None
+        self._lock = threading.Lock()
+        parts = [p for p in parts if p is not None]
+        self._done = None           # concurrent.futures.Future, None once completed inline
+        self._exc = None
+        self._finished = not parts
+        if not parts:
+            if after is not None:
+                after()
+            return
+        import concurrent.futures
+        self._done = concurrent.futures.Future()
+        self._left = len(parts)
+        for p in parts:
+            p.get_future().add_done_callback(self._part_done)
+
+    def _part_done(self, f):
+        exc = f.exception()
+        with self._lock:
+            if exc is not None and self._exc is None:
+                self._exc = exc
+            self._left -= 1
+            if self._left:
+                return
+        if self._exc is None and self._after is not None:
+            try:
+                self._after()
+            except BaseException as e:       # delivered through wait()
+                self._exc = e
+        with self._lock:
+            self._finished = True
+            tfut = self._tfut
+        if self._exc is None:
+            self._done.set_result(self._outputs)
+        else:
+            self._done.set_exception(self._exc)
+        if tfut is not None:
+            self._settle(tfut)
+
+    def _settle(self, tfut):
+        if self._exc is not None:
+            tfut.set_exception(self._exc)
+        else:
+            tfut.set_result(self._outputs)
+
+    # -- what torch and users call -----------------------------------------
+    def wait(self, timeout=None):
+        """Block until done; re-raise the operation's error. Returns True.
+
+        timeout: seconds or timedelta; None or 0 (torch's kNoTimeout) waits
+        for the operation's own deadline.
+        """
+        if self._done is None:
+            return True
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        if timeout is not None and timeout <= 0:
+            timeout = None
+        import concurrent.futures
+        try:
+            self._done.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise CommTimeout(f"Work.wait: {self._desc} did not complete within "
+                              f"{timeout:g} s") from None
+        return True
+
+    def is_completed(self):
+        return self._done is None or self._done.done()
+
+    def is_success(self):
+        return self.is_completed() and self._exc is None
+
+    def exception(self):
+        return self._exc if self.is_completed() else None
+
+    def get_future(self):
+        """A torch.futures.Future whose value is the call's output tensors."""
+        with self._lock:
+            if self._tfut is None:
+                self._tfut = torch.futures.Future()
+                if self._finished:
+                    self._settle(self._tfut)
+            return self._tfut
+
+    def result(self):
+        self.wait()
+        return self._outputs
+
+    def _source_rank(self):
+        self.wait()
+        return self._source
+
+    def source_rank(self):
+        return self._source_rank()
+
+    def synchronize(self):
+        pass
+
+    def __repr__(self):
+        state = "done" if self.is_completed() else "pending"
+        return f"<accord.torch.AccordWork {self._desc} {state}>"
+
+
+# -- tensors ---------------------------------------------------------------------
+
+def _warn_staging(t):
+    global _staging_warned
+    if not _staging_warned:
+        _staging_warned = True
+        warnings.warn(f"accord: tensors on {t.device} are copied to host memory for every "
+                      f"collective and back (correct but slow); keep them on the CPU or use "
+                      f"NCCL for device tensors", RuntimeWarning, stacklevel=4)
+
+
+class _Stage:
+    """Host views of the call's tensors, and the copies back to devices."""
+    __slots__ = ("back",)
+
+    def __init__(self):
+        self.back = []
+
+    def inp(self, t):
+        if t.device.type == "cpu":
+            return t
+        _warn_staging(t)
+        return t.detach().cpu()
+
+    def out(self, t):
+        if t.device.type == "cpu":
+            return t
+        _warn_staging(t)
+        host = t.detach().cpu()
+        self.back.append((t, host))
+        return host
+
+    def after(self, then=None):
+        back = self.back
+        if not back and then is None:
+            return None
+
+        def run():
+            if then is not None:
+                then()
+            with torch.no_grad():
+                for dev, host in back:
+                    dev.copy_(host)
+        return run
+
+
+def _one(tensors, what):
+    if len(tensors) != 1:
+        raise ValueError(f"{what}: accord takes exactly one tensor per call, got "
+                         f"{len(tensors)}")
+    return tensors[0]
+
+
+_OPS = {}
+
+
+def _reduce_op(rop):
+    """torch ReduceOp -> (accord ReduceOp, premul factor or None)."""
+    kind = getattr(rop, "op", rop)
+    op = _OPS.get(kind)
+    if op is None:
+        name = kind.name
+        if name == "PREMUL_SUM":
+            return ReduceOp.SUM, rop.factor
+        try:
+            op = _OPS[kind] = ReduceOp[name]
+        except KeyError:
+            raise ValueError(f"op: ReduceOp.{name} is not supported by accord") from None
+    return op, None
+
+
+def _premul(t, factor):
+    with torch.no_grad():
+        if isinstance(factor, torch.Tensor):
+            factor = factor.to(device=t.device)
+        t.mul_(factor)
+
+
+def _timeout(opts):
+    t = opts.timeout.total_seconds()
+    return t if t > 0 else None
+
+
+# -- the process group ---------------------------------------------------------------
+
+class AccordProcessGroup(dist.ProcessGroup):
+    """A torch.distributed ProcessGroup whose every operation runs on accord."""
+
+    def __init__(self, group, rank, size):
+        super().__init__(rank, size)
+        self._g = group
+        self._group_name = ""
+        self._group_desc = ""
+        _live_groups.add(self)
+
+    @property
+    def accord_group(self):
+        """The accord ProcessGroup underneath (accord's functions accept it)."""
+        return self._g
+
+    # identity
+    def getBackendName(self):
+        return BACKEND_NAME
+
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def getGroupDesc(self):
+        return self._group_desc
+
+    def __repr__(self):
+        return (f"<accord.torch.AccordProcessGroup {self._group_name!r} rank={self.rank()} "
+                f"size={self.size()}>")
+
+    # helpers
+    def _work(self, parts, outputs, desc, stage=None, then=None, source=-1):
+        return AccordWork(parts, outputs, desc,
+                          stage.after(then) if stage is not None else then, source)
+
+    # -- collectives -----------------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        st = _Stage()
+        t = st.out(_one(tensors, "broadcast"))
+        w = api.broadcast(t, group=self._g, group_src=opts.rootRank, async_op=opts.asyncOp,
+                          timeout=_timeout(opts))
+        return self._work([w], tensors, "broadcast", st)
+
+    def allreduce(self, tensors, opts=None):
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        elif not hasattr(opts, "reduceOp"):      # allreduce(tensors, op) overload
+            o = dist.AllreduceOptions()
+            o.reduceOp = opts
+            opts = o
+        op, factor = _reduce_op(opts.reduceOp)
+        st = _Stage()
+        t = st.out(_one(tensors, "allreduce"))
+        if factor is not None:
+            _premul(t, factor)
+        w = api.all_reduce(t, op=op, group=self._g, async_op=opts.asyncOp,
+                           timeout=_timeout(opts))
+        return self._work([w], tensors, "allreduce", st)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op, factor = _reduce_op(opts.reduceOp)
+        st = _Stage()
+        host = [st.out(t) for t in tensors]
+        by_dtype = {}
+        for t in host:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        parts, copies = [], []
+        for group in by_dtype.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            if factor is not None:
+                _premul(flat, factor)
+            parts.append(api.all_reduce(flat, op=op, group=self._g, async_op=opts.asyncOp,
+                                        timeout=_timeout(opts)))
+            copies.append((flat, group))
+
+        def unflatten():
+            with torch.no_grad():
+                for flat, group in copies:
+                    off = 0
+                    for t in group:
+                        n = t.numel()
+                        t.copy_(flat[off:off + n].view(t.shape))
+                        off += n
+        return self._work(parts, tensors, "allreduce_coalesced", st, unflatten)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        op, factor = _reduce_op(opts.reduceOp)
+        st = _Stage()
+        t = st.out(_one(tensors, "reduce"))
+        if factor is not None:
+            _premul(t, factor)
+        w = api.reduce(t, op=op, group=self._g, group_dst=opts.rootRank, async_op=opts.asyncOp,
+                       timeout=_timeout(opts))
+        return self._work([w], tensors, "reduce", st)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        st = _Stage()
+        outs = [st.out(t) for t in _one(output_tensors, "allgather")]
+        w = api.all_gather(outs, st.inp(_one(input_tensors, "allgather")), group=self._g,
+                           async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], output_tensors, "allgather", st)
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        st = _Stage()
+        w = api.all_gather_into_tensor(st.out(output), st.inp(input), group=self._g,
+                                       async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], [output], "all_gather_into_tensor", st)
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        st = _Stage()
+        parts = []
+        for j, inp in enumerate(input_list):
+            outs = [st.out(per_rank[j]) for per_rank in output_lists]
+            parts.append(api.all_gather(outs, st.inp(inp), group=self._g, async_op=opts.asyncOp,
+                                        timeout=_timeout(opts)))
+        return self._work(parts, output_lists, "allgather_coalesced", st)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        st = _Stage()
+        parts = [api.all_gather_into_tensor(st.out(o), st.inp(i), group=self._g,
+                                            async_op=opts.asyncOp, timeout=_timeout(opts))
+                 for o, i in zip(outputs, inputs)]
+        return self._work(parts, outputs, "all_gather_into_tensor_coalesced", st)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_lists, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        st = _Stage()
+        root = opts.rootRank
+        outs = None
+        if self._g.rank == root:
+            outs = [st.out(t) for t in _one(output_lists, "gather")]
+        elif output_lists and any(len(x) for x in output_lists):
+            raise ValueError("gather: output tensors are only given on the root rank")
+        w = api.gather(st.inp(_one(input_tensors, "gather")), outs, group=self._g,
+                       group_dst=root, async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], output_lists, "gather", st)
+
+    def scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts or dist.ScatterOptions()
+        st = _Stage()
+        root = opts.rootRank
+        ins = None
+        if self._g.rank == root:
+            ins = [st.inp(t) for t in _one(input_lists, "scatter")]
+        elif input_lists and any(len(x) for x in input_lists):
+            raise ValueError("scatter: input tensors are only given on the root rank")
+        w = api.scatter(st.out(_one(output_tensors, "scatter")), ins, group=self._g,
+                        group_src=root, async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], output_tensors, "scatter", st)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op, factor = _reduce_op(opts.reduceOp)
+        st = _Stage()
+        ins = [st.inp(t) for t in _one(input_lists, "reduce_scatter")]
+        if factor is not None:
+            ins = [t.detach() * factor for t in ins]
+        w = api.reduce_scatter(st.out(_one(output_tensors, "reduce_scatter")), ins, op=op,
+                               group=self._g, async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], output_tensors, "reduce_scatter", st)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op, factor = _reduce_op(opts.reduceOp)
+        st = _Stage()
+        inp = st.inp(input)
+        if factor is not None:
+            inp = inp.detach() * factor
+        w = api.reduce_scatter_tensor(st.out(output), inp, op=op, group=self._g,
+                                      async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], [output], "reduce_scatter_tensor", st)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op, factor = _reduce_op(opts.reduceOp)
+        st = _Stage()
+        parts = []
+        for o, i in zip(outputs, inputs):
+            i = st.inp(i)
+            if factor is not None:
+                i = i.detach() * factor
+            parts.append(api.reduce_scatter_tensor(st.out(o), i, op=op, group=self._g,
+                                                   async_op=opts.asyncOp,
+                                                   timeout=_timeout(opts)))
+        return self._work(parts, outputs, "reduce_scatter_tensor_coalesced", st)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        st = _Stage()
+        w = api.all_to_all([st.out(t) for t in output_tensors],
+                           [st.inp(t) for t in input_tensors], group=self._g,
+                           async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], output_tensors, "all_to_all", st)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=None):
+        opts = opts or dist.AllToAllOptions()
+        st = _Stage()
+        w = api.all_to_all_single(st.out(output), st.inp(input),
+                                  list(output_split_sizes) or None,
+                                  list(input_split_sizes) or None, group=self._g,
+                                  async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], [output], "all_to_all_single", st)
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts=None):
+        opts = opts or dist.BarrierOptions()
+        w = api.barrier(group=self._g, async_op=opts.asyncOp, timeout=_timeout(opts))
+        return self._work([w], [], "barrier")
+
+    # -- point to point ----------------------------------------------------------
+    def send(self, tensors, dst, tag=0):
+        st = _Stage()
+        w = api.isend(st.inp(_one(tensors, "send")), group=self._g, group_dst=dst, tag=tag)
+        return self._work([w], tensors, "send")
+
+    def recv(self, tensors, src, tag=0):
+        st = _Stage()
+        w = api.irecv(st.out(_one(tensors, "recv")), group=self._g, group_src=src, tag=tag)
+        return self._work([w], tensors, "recv", st, source=src)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise ValueError("recv/irecv without src: accord matches every receive to one sender; "
+                         "pass src=")
+
+    # -- lifetime ------------------------------------------------------------------
+    def shutdown(self):
+        _live_groups.discard(self)
+        self._g.destroy()
+
+    def abort(self):
+        self.shutdown()
+
+
+# -- registration ----------------------------------------------------------------
+
+def _create(common_opts, backend_options=None):
+    """torch's creator: build this rank's accord group over the group's store."""
+    rank, size = common_opts.group_rank, common_opts.group_size
+    ranks = list(common_opts.global_ranks_in_group) or list(range(size))
+    timeout = to_seconds(common_opts.timeout)
+    name = f"torch:{common_opts.group_id}"
+    g = api._group_from_store(common_opts.store, rank, size, timeout, name, ranks)
+    if size > 1:
+        # every member has finished reading the store before any may leave (rank 0
+        # hosts torch's store: peers still reading it would fail if it exited)
+        api.barrier(group=g)
+    return AccordProcessGroup(g, rank, size)
+
+
+def _register():
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+
+
+_register()
+
+
+@atexit.register
+def _close_at_exit():
+    # say goodbye on every link, so peers know this exit was not a crash
+    for pg in list(_live_groups):
+        try:
+            pg.shutdown()
+        except Exception:
+            pass
+
+
+# -- torchrun's agent store -------------------------------------------------------
+
+class _TorchStore:
+    """A torch.distributed Store seen through accord's Store protocol."""
+
+    def __init__(self, store, timeout):
+        self._s = store
+        self._timeout = float(timeout)
+
+    @property
+    def timeout(self):
+        return self._timeout
+
+    def set_timeout(self, timeout):
+        self._timeout = to_seconds(timeout)
+
+    def set(self, key, value):
+        self._s.set(key, value)
+
+    def get(self, key, timeout=None):
+        self.wait([key], timeout)
+        return self._s.get(key)
+
+    def add(self, key, amount):
+        return self._s.add(key, amount)
+
+    def compare_set(self, key, expected, desired):
+        return self._s.compare_set(key, expected, desired)
+
+    def wait(self, keys, timeout=None):
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        t = self._timeout if timeout is None else to_seconds(timeout)
+        try:
+            self._s.wait(keys, datetime.timedelta(seconds=t))
+        except dist.DistStoreError as e:
+            if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+                raise timeout_error("wait", keys, t) from None
+            raise
+
+    def check(self, keys):
+        return self._s.check([keys] if isinstance(keys, str) else list(keys))
+
+    def delete_key(self, key):
+        return self._s.delete_key(key)
+
+    def num_keys(self):
+        return self._s.num_keys()
+
+    def close(self):
+        self._s = None
+
+
+def agent_store(host, port, timeout):
+    """A client of the TCPStore torchrun's agent hosts (TORCHELASTIC_USE_AGENT_STORE)."""
+    timeout = to_seconds(timeout) or 300.0
+    raw = dist.TCPStore(host, int(port), is_master=False,
+                        timeout=datetime.timedelta(seconds=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # torch's env:// rendezvous uses the same namespace for each restart attempt
+    return _TorchStore(dist.PrefixStore(f"/accord/attempt_{attempt}", raw), timeout)
