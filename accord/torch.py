@@ -370,7 +370,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         st = _Stage()
         w = api.all_gather_into_tensor(st.out(output), st.inp(input), group=self._g,
                                        async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], [output], "all_gather_into_tensor", st)
+        # gloo's future holds the output cut in per-rank blocks; so does ours
+        return self._work([w], list(output.chunk(self.size())), "all_gather_into_tensor", st)
 
     _allgather_base = all_gather_single
 
