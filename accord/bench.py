@@ -26,14 +26,14 @@ import tempfile
 import threading
 import time
 
-from accord.bench_worker import OPS, PREFIX, plan
+from accord.bench_worker import OPS, PREFIX, algbw_bytes, bus_factor, plan
 
 DEFAULT_SIZES = "8,1K,64K,1M,16M,64M"
 QUICK_SIZES = "8,1K,64K"
 LIB_NAMES = {"gloo": "gloo", "mpi": "mpi", "mpich": "mpi"}
 CSV_FIELDS = ["lib", "world", "op", "size_bytes", "lat_us", "algbw_GBps", "busbw_GBps",
               "op_p50_us", "blk_min_us", "iters", "blocks", "verified", "transport",
-              "glibc_tunables"]
+              "glibc_tunables", "repeats"]
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
           "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -99,6 +99,10 @@ def add_arguments(parser):
                         help="write a PNG of busbw and latency against size (needs matplotlib)")
     parser.add_argument("--markdown", default=None, metavar="FILE.md",
                         help="write the tables as markdown, with the command and settings")
+    parser.add_argument("--repeat", type=int, default=1, metavar="R",
+                        help="run every library R times, interleaved (accord, gloo, mpi, "
+                             "accord, ...), and report each row's median: fairer on a busy "
+                             "machine (default 1)")
     parser.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
                         help="give up on one library's run after this long (default 900)")
 
@@ -165,6 +169,9 @@ class Settings:
         if args.timeout <= 0:
             raise ValueError("--timeout must be positive")
         self.timeout = args.timeout
+        if args.repeat < 1:
+            raise ValueError("--repeat must be at least 1")
+        self.repeat = args.repeat
         self.env = dict(os.environ)
         if args.transport:
             self.env["ACCORD_TRANSPORT"] = args.transport
@@ -295,12 +302,12 @@ def _stop(proc):
             pass
 
 
-def run_lib(lib, world, settings, progress):
+def run_lib(lib, world, settings, progress, label=None):
     """Run one library at one world size; return its rows (dicts)."""
     cmd = _command(lib, world, settings)
     steps = len(settings.sizes) * len(settings.ops) + (1 if settings.barrier else 0)
     rows, other = [], []
-    label = {"mpi": "mpich"}.get(lib, lib)
+    label = label or {"mpi": "mpich"}.get(lib, lib)
     started = time.monotonic()
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -349,6 +356,7 @@ def run_lib(lib, world, settings, progress):
                     r = msg["row"]
                     r["transport"] = {"accord": settings.transport, "gloo": "tcp"}.get(lib, "")
                     r["glibc_tunables"] = settings.glibc
+                    r["repeats"] = 1
                     rows.append(r)
                 elif msg.get("done"):
                     done = True
@@ -476,7 +484,7 @@ def write_csv(path, rows):
             for k in ("lat_us", "op_p50_us", "blk_min_us"):
                 out[k] = f"{r[k]:.2f}"
             for k in ("algbw_GBps", "busbw_GBps"):
-                out[k] = "" if r[k] is None else f"{r[k]:.4f}"
+                out[k] = "" if r[k] is None else f"{r[k]:.6g}"
             w.writerow(out)
 
 
@@ -534,6 +542,37 @@ def command_line(argv=None):
     return "accord " + " ".join(shlex.quote(a) for a in argv)
 
 
+def merge_runs(runs):
+    """Rows of several runs of one library -> one row per (op, size): the median latency."""
+    import statistics
+    if len(runs) == 1:
+        return runs[0]
+    groups = {}
+    for rows in runs:
+        for r in rows:
+            groups.setdefault((r["op"], r["size_bytes"]), []).append(r)
+    out = []
+    for (op, size), rs in groups.items():
+        m = dict(rs[0])
+        m["lat_us"] = statistics.median(r["lat_us"] for r in rs)
+        m["op_p50_us"] = statistics.median(r["op_p50_us"] for r in rs)
+        m["blk_min_us"] = min(r["blk_min_us"] for r in rs)
+        m["verified"] = all(r.get("verified", True) for r in rs)
+        m["repeats"] = len(rs)
+        if op != "barrier":
+            m["algbw_GBps"] = algbw_bytes(op, size, m["world"]) / (m["lat_us"] * 1e-6) / 1e9
+            m["busbw_GBps"] = m["algbw_GBps"] * bus_factor(op, m["world"])
+        out.append(m)
+    return out
+
+
+def _load():
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg()) + " (1, 5, 15 min)"
+    except OSError:
+        return "unknown"
+
+
 # --------------------------------------------------------------------------- main
 
 def main(args):
@@ -563,41 +602,56 @@ def main(args):
             + "".join(f"; {l}: skipped ({why})" for l, why in skipped),
             f"# GLIBC_TUNABLES={settings.glibc}"
             + (f" (x86_non_temporal_threshold {nt})" if nt else "")
-            + f"; {os.cpu_count()} CPUs"]
+            + f"; {os.cpu_count()} CPUs; load average at the start: {_load()}"
+            + (f"; each library run {settings.repeat} times, interleaved, median per row"
+               if settings.repeat > 1 else "")]
     print("\n".join(head), flush=True)
 
     all_rows, failures, md = [], [], []
     for world in settings.worlds:
+        runs = {lib: [] for lib in libs}
+        failed = set()
+        for rep in range(settings.repeat):
+            for lib in libs:
+                if lib in failed:
+                    continue
+                label = {"mpi": "mpich"}.get(lib, lib)
+                if settings.repeat > 1:
+                    label += f" (run {rep + 1}/{settings.repeat})"
+                progress.show(f"[world {world}] {label}: starting")
+                t0 = time.monotonic()
+                try:
+                    rows = run_lib(lib, world, settings, progress, label)
+                except LibFailed as exc:
+                    failed.add(lib)
+                    failures.append((lib, world))
+                    progress.say(f"{label} at world {world} failed: {exc}")
+                    continue
+                except KeyboardInterrupt:
+                    progress.say("interrupted")
+                    return 130
+                progress.say(f"{label} at world {world}: {len(rows)} rows in "
+                             f"{time.monotonic() - t0:.1f}s")
+                bad = [r for r in rows if not r.get("verified", True)]
+                if bad:
+                    failures.append((lib, world))
+                    progress.say(f"{label} at world {world}: WRONG RESULTS for "
+                                 + ", ".join(sorted({f"{r['op']} {fmt_size(r['size_bytes'])}"
+                                                     for r in bad})))
+                runs[lib].append(rows)
         world_rows, ran = [], []
         for lib in libs:
-            label = {"mpi": "mpich"}.get(lib, lib)
-            progress.show(f"[world {world}] {label}: starting")
-            t0 = time.monotonic()
-            try:
-                rows = run_lib(lib, world, settings, progress)
-            except LibFailed as exc:
-                failures.append((lib, world))
-                progress.say(f"{label} at world {world} failed: {exc}")
-                continue
-            except KeyboardInterrupt:
-                progress.say("interrupted")
-                return 130
-            progress.say(f"{label} at world {world}: {len(rows)} rows in "
-                         f"{time.monotonic() - t0:.1f}s")
-            bad = [r for r in rows if not r.get("verified", True)]
-            if bad:
-                failures.append((lib, world))
-                progress.say(f"{label} at world {world}: WRONG RESULTS for "
-                             + ", ".join(sorted({f"{r['op']} {fmt_size(r['size_bytes'])}"
-                                                 for r in bad})))
-            world_rows += rows
-            ran.append(lib)
+            if runs[lib] and lib not in failed:
+                world_rows += merge_runs(runs[lib])
+                ran.append(lib)
         all_rows += world_rows
         header, lines = table_rows(world_rows, world, ran, settings)
         print(f"\n## world {world}", flush=True)
         print(format_table(header, lines) if lines else "(no results)", flush=True)
         mh, ml = table_rows(world_rows, world, ran, settings, markdown=True)
         md.append((world, mh, ml))
+    end_load = _load()
+    print(f"\n# load average at the end: {end_load}", flush=True)
     print("\n" + LEGEND, flush=True)
 
     if settings.csv:
@@ -610,7 +664,7 @@ def main(args):
             f.write("\n".join(h.lstrip("# ") for h in head[1:]) .replace("\n", "  \n") + "\n")
             for world, mh, ml in md:
                 f.write(f"\n### world {world}\n\n" + format_markdown(mh, ml) + "\n")
-            f.write("\n" + LEGEND + "\n")
+            f.write(f"\nLoad average at the end: {end_load}.  \n" + LEGEND + "\n")
         progress.say(f"wrote {settings.markdown}")
     if settings.plot and all_rows:
         write_plot(settings.plot, all_rows, settings)

@@ -1,0 +1,106 @@
+"""Smoke tests of `accord bench`: real ranks, tiny sizes, table and CSV checked."""
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from accord.bench import CSV_FIELDS, fmt_size, parse_size
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench(*args, timeout=50):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    env.pop("ACCORD_TRANSPORT", None)
+    return subprocess.run([sys.executable, "-m", "accord", "bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == CSV_FIELDS
+        return list(reader)
+
+
+def check_rows(rows, lib, ops, sizes, world=2):
+    mine = [r for r in rows if r["lib"] == lib]
+    want = {(op, s) for op in ops for s in sizes} | {("barrier", 0)}
+    assert {(r["op"], int(r["size_bytes"])) for r in mine} == want
+    for r in mine:
+        assert int(r["world"]) == world
+        assert float(r["lat_us"]) > 0 and float(r["op_p50_us"]) > 0
+        assert float(r["blk_min_us"]) > 0
+        assert int(r["iters"]) > 0 and int(r["blocks"]) > 0
+        assert r["verified"] == "True"
+        if r["op"] == "barrier":
+            assert r["busbw_GBps"] == "" and r["algbw_GBps"] == ""
+        else:
+            assert float(r["algbw_GBps"]) > 0 and float(r["busbw_GBps"]) > 0
+
+
+def test_sizes_parse():
+    assert [parse_size(s) for s in ("8", "1K", "64K", "1M", "16M", "64MiB", "1G")] == \
+        [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20, 1 << 30]
+    assert fmt_size(64 << 20) == "64 MiB" and fmt_size(8) == "8 B" and fmt_size(1536) == "1536 B"
+    for bad in ("3", "0", "1X", "", "-8"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("args", [["--sizes", "6"], ["--ops", "broadcast,frobnicate"],
+                                  ["--compare", "nccl"], ["-n", "0"]])
+def test_bad_arguments(args):
+    p = bench("--quick", *args, timeout=25)
+    assert p.returncode == 2, p.stderr
+    assert "error" in p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_quick_accord(tmp_path):
+    out = tmp_path / "out.csv"
+    p = bench("--quick", "-n", "2", "--csv", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "## world 2" in p.stdout
+    header = next(l for l in p.stdout.splitlines() if l.startswith("op "))
+    for col in ("size", "accord lat us", "accord algbw", "accord busbw"):
+        assert col in header
+    assert "barrier" in p.stdout
+    assert "GLIBC_TUNABLES=" in p.stdout            # the run says which setting it used
+    assert "[world 2] accord:" in p.stderr          # progress
+    rows = read_csv(out)
+    check_rows(rows, "accord", ["broadcast", "all_gather", "scatter", "all_reduce"],
+               [8, 1024, 65536])
+
+
+@pytest.mark.timeout(60)
+def test_quick_compare_gloo(tmp_path):
+    pytest.importorskip("torch")
+    out, md = tmp_path / "out.csv", tmp_path / "table.md"
+    plot = tmp_path / "plot.png"
+    want_plot = importlib.util.find_spec("matplotlib") is not None
+    extra = ["--plot", str(plot)] if want_plot else []
+    p = bench("--quick", "-n", "2", "--ops", "broadcast,all_reduce", "--sizes", "8,1K",
+              "--compare", "gloo", "--csv", str(out), "--markdown", str(md), *extra)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    header = next(l for l in lines if l.startswith("op "))
+    for col in ("accord lat us", "gloo lat us", "gloo busbw", "lat accord/gloo",
+                "busbw accord/gloo"):
+        assert col in header
+    body = [l.split() for l in lines if l.startswith(("broadcast ", "all_reduce "))]
+    assert len(body) == 4
+    for cells in body:                           # the two ratio columns end every data row
+        assert all(float(c.rstrip("x")) > 0 for c in cells[-2:])
+    rows = read_csv(out)
+    for lib in ("accord", "gloo"):
+        check_rows(rows, lib, ["broadcast", "all_reduce"], [8, 1024])
+    text = md.read_text()
+    assert "accord bench" in text and "| op | size |" in text and "lat accord/gloo" in text
+    if want_plot:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
