@@ -16,6 +16,7 @@ from .group import ProcessGroup
 from .objects import (all_gather_object, broadcast_object_list, gather_object,
                       scatter_object_list)
 from .reduceops import ReduceOp
+from .state import broadcast_state
 from .work import Work
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
     "barrier", "send", "recv", "isend", "irecv",
     "broadcast_object_list", "all_gather_object", "scatter_object_list", "gather_object",
+    "broadcast_state",
     "ReduceOp", "Work", "ProcessGroup",
     "AccordError", "CommTimeout", "PeerLost", "Desync", "GroupClosed",
 ]

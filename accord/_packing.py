@@ -1,0 +1,132 @@
+"""Tensors seen as numpy views, and buckets that pack many small ones into one.
+
+Shared by broadcast_state and coalescing. A `Slot` is one tensor's place in a
+bucket: a numpy view of the caller's memory (possibly strided) and its offset
+in elements. Packing copies every slot into one contiguous array; unpacking
+copies back, so the caller's tensors are written in place.
+"""
+import sys
+
+import numpy as np
+
+from .buffers import BF16_CODE, is_torch_tensor
+
+DEFAULT_BUCKET_BYTES = 25 << 20
+
+
+def is_tensor(obj):
+    return isinstance(obj, np.ndarray) or is_torch_tensor(obj)
+
+
+def tensor_view(obj, name, writable=True):
+    """(numpy view sharing obj's memory, dtype code, dtype name); TypeError/ValueError if not."""
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject or obj.dtype.kind not in "biufcmMV":
+            raise TypeError(f"{name}: dtype {obj.dtype} cannot be sent")
+        if writable and not obj.flags.writeable:
+            raise ValueError(f"{name}: array is read-only but the call writes into it")
+        return obj, obj.dtype.num, obj.dtype.name
+    torch = sys.modules["torch"]
+    if obj.device.type != "cpu":
+        raise TypeError(f"{name}: tensor on device {obj.device} is not supported by accord's "
+                        f"core; move it to the CPU")
+    t = obj.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), BF16_CODE, "bfloat16"
+    try:
+        arr = t.numpy()
+    except (TypeError, RuntimeError) as e:
+        raise TypeError(f"{name}: torch dtype {t.dtype} cannot cross a buffer: {e}") from None
+    return arr, arr.dtype.num, arr.dtype.name
+
+
+def check_bucket_bytes(bucket_bytes):
+    if bucket_bytes is None:
+        return DEFAULT_BUCKET_BYTES
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)):
+        raise TypeError(f"bucket_bytes: expected an int, got {type(bucket_bytes).__name__}")
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes: must be positive, got {bucket_bytes}")
+    return int(bucket_bytes)
+
+
+class Bucket:
+    """Tensors of one dtype packed back to back (or one large tensor sent as it is)."""
+    __slots__ = ("code", "views", "offsets", "numel", "direct", "array", "user")
+
+    def __init__(self, code):
+        self.code = code
+        self.views, self.offsets, self.numel = [], [], 0
+        self.direct = False
+        self.array = None       # what the collective runs on
+        self.user = None        # per-slot payloads (coalescing: the pending ops)
+
+    @property
+    def nbytes(self):
+        return self.numel * (self.views[0].itemsize if self.views else 1)
+
+    def add(self, view):
+        self.views.append(view)
+        self.offsets.append(self.numel)
+        self.numel += view.size
+
+    def allocate(self):
+        """The contiguous array the collective runs on; bfloat16 needs a torch tensor."""
+        if self.direct:
+            self.array = self.views[0]
+        elif self.code == BF16_CODE:
+            torch = sys.modules["torch"]
+            self.array = torch.empty(self.numel, dtype=torch.bfloat16)
+        else:
+            self.array = np.empty(self.numel, dtype=self.views[0].dtype)
+        return self.array
+
+    def flat(self):
+        """The bucket's memory as a 1-d numpy array (bfloat16 as int16 bits)."""
+        if self.direct:
+            return self.views[0].reshape(-1)
+        if self.code == BF16_CODE:
+            return self.array.view(sys.modules["torch"].int16).numpy()
+        return self.array
+
+    def pack(self):
+        if self.direct:
+            return
+        flat = self.flat()
+        for v, off in zip(self.views, self.offsets):
+            np.copyto(flat[off:off + v.size].reshape(v.shape), v, casting="no")
+
+    def unpack(self, indices=None):
+        if self.direct:
+            return
+        flat = self.flat()
+        for i in (range(len(self.views)) if indices is None else indices):
+            v, off = self.views[i], self.offsets[i]
+            np.copyto(v, flat[off:off + v.size].reshape(v.shape), casting="no")
+
+
+def plan_buckets(items, bucket_bytes, direct_ok=True):
+    """Group (view, code, payload) items by dtype code, in first-appearance order, into
+    buckets of at most bucket_bytes. An item of bucket_bytes or more that is contiguous
+    gets a bucket of its own and is sent in place (direct). Zero-size items are dropped."""
+    open_by_code, out = {}, []
+    for view, code, payload in items:
+        if view.size == 0:
+            continue
+        if direct_ok and view.nbytes >= bucket_bytes and view.flags.c_contiguous:
+            b = Bucket(code)
+            b.add(view)
+            b.direct = True
+            b.user = [payload]
+            out.append(b)
+            continue
+        b = open_by_code.get(code)
+        if b is not None and b.nbytes + view.nbytes > bucket_bytes:
+            b = None
+        if b is None:
+            b = open_by_code[code] = Bucket(code)
+            b.user = []
+            out.append(b)
+        b.add(view)
+        b.user.append(payload)
+    return out

@@ -1,0 +1,263 @@
+"""broadcast_state: make every rank's model state equal the source's, in a few collectives.
+
+    accord.broadcast_state(model)                 # an nn.Module: its state_dict, in place
+    accord.broadcast_state(state_dict, src=0)     # or any dict/list/tuple of arrays/tensors
+
+How it goes, on every rank of the group:
+1. Flatten the object into leaves with paths (``['fc1.weight']``, ``['opt'][0]``).
+   numpy arrays and CPU torch tensors are tensor leaves; anything else is an
+   object leaf.
+2. Agree on the structure: each rank hashes its structure signature (paths,
+   container kinds, dtypes, shapes) and one small all_gather compares the
+   hashes. On any difference every rank learns every signature and raises
+   `StateMismatch` naming the first differing path, so no rank hangs and the
+   group stays usable.
+3. Object leaves travel in one object broadcast (pickled).
+4. Tensor leaves are packed by dtype into buckets of at most `bucket_bytes`
+   (default 25 MiB); each bucket is one broadcast. A tensor of a bucket's size
+   or more is sent in place without packing. Buckets go out asynchronously in
+   order, so the source packs bucket k+1 while bucket k is on the wire and the
+   receivers unpack bucket k while bucket k+1 arrives.
+"""
+import concurrent.futures
+import hashlib
+import sys
+import threading
+
+import numpy as np
+
+from . import api, objects
+from ._packing import check_bucket_bytes, is_tensor, plan_buckets, tensor_view
+from .errors import Desync
+from .work import Work, completed_work
+
+
+class StateMismatch(Desync, ValueError):
+    """The ranks' states differ in structure (keys, lengths, dtypes or shapes)."""
+
+
+def _is_module(obj):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def fmt_path(path):
+    return "".join(f"[{k!r}]" for k in path) or "<root>"
+
+
+def _keys(d):
+    keys = list(d.keys())
+    try:
+        return sorted(keys)
+    except TypeError:
+        return keys
+
+
+class _Leaf:
+    __slots__ = ("path", "value", "view", "code", "dtype", "error")
+
+    def __init__(self, path, value):
+        self.path, self.value = path, value
+        self.view = self.code = self.dtype = self.error = None
+
+
+def flatten(tree, writable=True):
+    """(leaves, signature): leaves in a fixed order; signature = one entry per node."""
+    leaves, sig = [], []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            keys = _keys(node)
+            sig.append((path, "dict", tuple(repr(k) for k in keys)))
+            for k in keys:
+                walk(node[k], path + (k,))
+        elif isinstance(node, (list, tuple)):
+            kind = "list" if isinstance(node, list) else type(node).__name__
+            sig.append((path, kind, len(node)))
+            for i, v in enumerate(node):
+                walk(v, path + (i,))
+        elif is_tensor(node):
+            leaf = _Leaf(path, node)
+            try:
+                leaf.view, leaf.code, leaf.dtype = tensor_view(node, fmt_path(path), writable)
+            except (TypeError, ValueError) as e:
+                leaf.error = str(e)
+                leaf.dtype = "?"
+            shape = tuple(int(s) for s in node.shape)
+            sig.append((path, "tensor", leaf.dtype, shape))
+            leaves.append(leaf)
+        else:
+            sig.append((path, "object"))
+            leaves.append(_Leaf(path, node))
+
+    walk(tree, ())
+    return leaves, sig
+
+
+def _describe(entry):
+    kind = entry[1]
+    if kind == "tensor":
+        return f"a {entry[2]} tensor of shape {list(entry[3])}"
+    if kind == "object":
+        return "a non-tensor value"
+    if kind == "dict":
+        return f"a dict with {len(entry[2])} keys"
+    return f"a {kind} of length {entry[2]}"
+
+
+def first_difference(mine, src, rank, src_rank):
+    """Describe the first node where signature `mine` (rank) differs from `src` (src_rank)."""
+    for a, b in zip(mine, src):
+        if a == b:
+            continue
+        path = a[0]
+        if a[1] == b[1] == "dict":
+            ka, kb = list(a[2]), list(b[2])
+            missing = [k for k in kb if k not in ka]
+            extra = [k for k in ka if k not in kb]
+            if missing:
+                return (f"{fmt_path(path)}[{missing[0]}]: missing on rank {rank}, present on "
+                        f"src rank {src_rank}" + (f" ({len(missing)} keys missing)"
+                                                  if len(missing) > 1 else ""))
+            if extra:
+                return (f"{fmt_path(path)}[{extra[0]}]: present on rank {rank}, missing on src "
+                        f"rank {src_rank}")
+        if a[0] != b[0]:
+            return (f"{fmt_path(b[0])}: rank {rank} has {fmt_path(a[0])} in its place")
+        return (f"{fmt_path(path)}: rank {rank} has {_describe(a)}, src rank {src_rank} has "
+                f"{_describe(b)}")
+    if len(mine) != len(src):
+        longer, who = (mine, rank) if len(mine) > len(src) else (src, src_rank)
+        return f"{fmt_path(longer[min(len(mine), len(src))][0])}: only rank {who} has it"
+    return None
+
+
+def _agree(g, root, sig, leaves, timeout):
+    """Raise StateMismatch on every rank unless every rank's structure equals root's."""
+    errors = [l.error for l in leaves if l.error]
+    row = np.zeros(17, np.uint8)
+    row[1:] = np.frombuffer(hashlib.blake2b(repr(sig).encode(), digest_size=16).digest(),
+                            np.uint8)
+    row[0] = 1 if errors else 0
+    table = np.zeros(17 * g.size, np.uint8)
+    api.all_gather_into_tensor(table, row, group=g, timeout=timeout)
+    table = table.reshape(g.size, 17)
+    if not table[:, 0].any() and (table == table[root]).all():
+        return
+    everyone = [None] * g.size
+    objects.all_gather_object(everyone, (sig, errors), group=g, timeout=timeout)
+    src_rank = g.ranks[root]
+    problems = []
+    for r, (s, errs) in enumerate(everyone):
+        if errs:
+            problems.append(f"rank {g.ranks[r]}: {errs[0]}")
+        elif r != root and s != everyone[root][0]:
+            diff = first_difference(s, everyone[root][0], g.ranks[r], src_rank)
+            problems.append(diff or f"rank {g.ranks[r]}: structure differs")
+    mine = next((p for p in problems if p.startswith(f"rank {g.global_rank}:") or
+                 f"rank {g.global_rank} " in p), None)
+    lines = "\n  ".join(problems)
+    raise StateMismatch(f"broadcast_state on rank {g.global_rank}: cannot make the state equal "
+                        f"src rank {src_rank}'s (nothing was sent)" +
+                        (f"; this rank: {mine}" if mine else "") + f":\n  {lines}")
+
+
+def _replace(tree, path, value):
+    """Put value at path, mutating dicts/lists and rebuilding tuples; return the new tree."""
+    if not path:
+        return value
+    k, rest = path[0], path[1:]
+    child = _replace(tree[k], rest, value)
+    if isinstance(tree, (dict, list)):
+        tree[k] = child
+        return tree
+    items = list(tree)
+    items[k] = child
+    return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+
+
+def broadcast_state(obj, src=None, group=None, async_op=False, bucket_bytes=None,
+                    group_src=None, timeout=None):
+    """Make obj equal src's obj on every rank of the group, in place.
+
+    obj: a torch nn.Module (its state_dict), a state_dict, or any nested
+    dict/list/tuple of numpy arrays and CPU torch tensors; other leaves are
+    objects and travel pickled. Returns obj (a rebuilt tuple where obj is a
+    tuple holding object leaves), or with async_op=True a Work that completes
+    once every tensor is written (the structure check and the object leaves
+    are done before it returns). Raises StateMismatch (a Desync and a
+    ValueError) on every rank when the structures differ.
+    """
+    g = api._group(group)
+    if not g.is_member:
+        return None
+    root = api._root(g, src, group_src, "src")
+    bucket_bytes = check_bucket_bytes(bucket_bytes)
+    module = obj if _is_module(obj) else None
+    tree = module.state_dict() if module is not None else obj
+    leaves, sig = flatten(tree, writable=g.rank != root)
+    if g.size == 1:
+        return completed_work("broadcast_state") if async_op else obj
+    _agree(g, root, sig, leaves, timeout)
+    is_root = g.rank == root
+
+    others = [l for l in leaves if l.view is None]
+    if others:
+        values = [l.value for l in others] if is_root else [None] * len(others)
+        objects.broadcast_object_list(values, group=g, group_src=root, timeout=timeout)
+        if not is_root:
+            for leaf, v in zip(others, values):
+                tree = _replace(tree, leaf.path, v)
+            if module is not None:
+                module.load_state_dict(tree)
+            else:
+                obj = tree
+
+    buckets = plan_buckets(((l.view, l.code, None) for l in leaves if l.view is not None),
+                           bucket_bytes)
+    works = []
+    for b in buckets:
+        b.allocate()
+        if is_root:
+            b.pack()
+        works.append(api.broadcast(b.flat(), group=g, group_src=root, async_op=True,
+                                   timeout=timeout))
+    if async_op:
+        return _when_all(works, None if is_root else buckets, "broadcast_state")
+    for w, b in zip(works, buckets):
+        w.wait()
+        if not is_root:
+            b.unpack()
+    return obj
+
+
+def _when_all(works, buckets, desc):
+    """A Work done when every work is done and (receivers) its bucket is unpacked."""
+    fut = concurrent.futures.Future()
+    fut.set_running_or_notify_cancel()
+    if not works:
+        fut.set_result(None)
+        return Work(fut, desc)
+    left = [len(works)]
+    lock = threading.Lock()
+
+    def done(i, f):
+        try:
+            exc = f.exception()
+            if exc is None and buckets is not None:
+                buckets[i].unpack()
+        except BaseException as e:       # noqa: BLE001 - handed to the Work
+            exc = e
+        with lock:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+                return
+            left[0] -= 1
+            if left[0] == 0:
+                fut.set_result(None)
+
+    for i, w in enumerate(works):
+        w.get_future().add_done_callback(lambda f, i=i: done(i, f))
+    return Work(fut, desc)

@@ -1,0 +1,192 @@
+"""broadcast_state: pytrees, modules, buckets, async, and structure mismatches."""
+import numpy as np
+import pytest
+
+from tests.harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _seq():
+    import accord.api
+    return accord.api._group(None)._seq
+
+
+def _tree(rank, seed):
+    rng = np.random.default_rng(seed if rank == 1 else 1000 + rank)
+    return {
+        "w": rng.standard_normal((7, 5)).astype(np.float32),
+        "layers": [{"b": rng.standard_normal(11), "n": rng.integers(0, 9, 3, dtype=np.int32)}
+                   for _ in range(3)],
+        "pair": (rng.standard_normal(4).astype(np.float32), np.zeros(0, np.int64)),
+        "strided": rng.standard_normal((6, 6))[:, ::2],
+        "step": int(rng.integers(1000)),
+        "name": f"rank{rank}",
+        "flags": [True, rank],
+    }
+
+
+def _pytree(rank, world):
+    import accord
+    tree = _tree(rank, 7)
+    ids = [id(tree["w"]), id(tree["layers"][2]["b"]), id(tree["pair"])]
+    before = _seq()
+    out = accord.broadcast_state(tree, src=1, bucket_bytes=256)
+    used = _seq() - before
+    want = _tree(1, 7)
+    assert out is tree
+    assert [id(tree["w"]), id(tree["layers"][2]["b"]), id(tree["pair"])] == ids
+    np.testing.assert_array_equal(tree["w"], want["w"])
+    for a, b in zip(tree["layers"], want["layers"]):
+        np.testing.assert_array_equal(a["b"], b["b"])
+        np.testing.assert_array_equal(a["n"], b["n"])
+    np.testing.assert_array_equal(tree["pair"][0], want["pair"][0])
+    np.testing.assert_array_equal(tree["strided"], want["strided"])
+    assert tree["step"] == want["step"] and tree["name"] == "rank1"
+    assert tree["flags"] == [True, 1]
+    return used
+
+
+def test_pytree_numpy_world3():
+    used = run_ranks(3, _pytree)
+    # 1 structure check + 2 object broadcast + a handful of buckets, not one per tensor
+    assert all(u == used[0] for u in used)
+    assert used[0] <= 12, used
+
+
+def _many(rank, world, n):
+    import accord
+    state = {f"p{i}": np.full(10 + i % 7, rank * 1.0 + i, np.float32) for i in range(n)}
+    state.update({f"i{i}": np.full(3, rank + i, np.int64) for i in range(n // 10)})
+    before = _seq()
+    accord.broadcast_state(state, src=0)
+    used = _seq() - before
+    for i in range(n):
+        assert (state[f"p{i}"] == i).all()
+    for i in range(n // 10):
+        assert (state[f"i{i}"] == i).all()
+    return used
+
+
+def test_thousands_of_tensors_cost_a_few_collectives():
+    used = run_ranks(2, _many, 2000)
+    assert used == [3, 3]         # the check + one bucket per dtype
+
+
+def _buckets(rank, world):
+    import accord
+    state = [np.full(1000, rank, np.float64) for _ in range(10)]   # 8000 B each
+    big = np.full(5000, rank, np.float64)
+    state.append(big)
+    before = _seq()
+    accord.broadcast_state(state, src=0, bucket_bytes=20000)
+    used = _seq() - before
+    assert all((a == 0).all() for a in state)
+    return used
+
+
+def test_bucket_size_is_configurable():
+    # 10 x 8000 B in 20000 B buckets: 5 buckets (2 each); the 40000 B one goes alone
+    assert run_ranks(2, _buckets) == [7, 7]
+
+
+def _mlp(seed):
+    import torch
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                            torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    m.register_buffer("bf16buf", torch.randn(5).to(torch.bfloat16))
+    return m
+
+
+def _module(rank, world):
+    import torch
+    import accord
+    m = _mlp(rank)
+    m(torch.randn(4, 8))                         # running stats differ per rank
+    params = [p for p in m.parameters()]
+    ptrs = [p.data_ptr() for p in params]
+    accord.broadcast_state(m, src=0)
+    assert [p.data_ptr() for p in m.parameters()] == ptrs
+    assert all(p.requires_grad for p in m.parameters())
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    # a state dict (from a module) with a non-contiguous tensor, bf16 and int leaves
+    t = torch.arange(24.0).reshape(4, 6).t() * (rank + 1)
+    sd2 = {"t": t, "bf": torch.full((3,), float(rank), dtype=torch.bfloat16),
+           "epoch": rank * 10}
+    accord.broadcast_state(sd2, src=world - 1)
+    assert torch.equal(sd2["t"], torch.arange(24.0).reshape(4, 6).t() * world)
+    assert sd2["bf"].tolist() == [float(world - 1)] * 3
+    assert sd2["epoch"] == (world - 1) * 10
+    return {k: v.float().numpy() for k, v in sd.items()}
+
+
+def test_torch_module_and_state_dict():
+    pytest.importorskip("torch")
+    res = run_ranks(3, _module)
+    for k in res[0]:
+        for r in res[1:]:
+            np.testing.assert_array_equal(r[k], res[0][k], err_msg=k)
+    assert "1.running_mean" in res[0] and "bf16buf" in res[0]
+
+
+def _mismatch(rank, world, case):
+    import accord
+    from accord.state import StateMismatch
+    state = {"a": np.zeros(4, np.float32), "b": {"c": np.zeros((2, 3)), "d": 1}}
+    if case == "missing" and rank == 2:
+        del state["b"]["c"]
+    if case == "shape" and rank == 1:
+        state["b"]["c"] = np.zeros((3, 2))
+    if case == "dtype" and rank == 0:
+        state["a"] = np.zeros(4, np.float64)
+    if case == "readonly" and rank == 2:
+        state["a"].flags.writeable = False
+    try:
+        accord.broadcast_state(state, src=0)
+    except StateMismatch as e:
+        msg = str(e)
+    else:
+        msg = None
+    # the group is still usable
+    t = np.full(1, rank, np.int64)
+    accord.broadcast(t, src=0)
+    assert t[0] == 0
+    return msg
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "['b']['c']: missing on rank 2"),
+    ("shape", "['b']['c']: rank 1 has a float64 tensor of shape [3, 2], src rank 0 has a "
+              "float64 tensor of shape [2, 3]"),
+    ("dtype", "['a']: rank 1 has a float32 tensor"),
+    ("readonly", "rank 2: ['a']: array is read-only"),
+])
+def test_mismatch_raises_on_every_rank(case, needle):
+    msgs = run_ranks(3, _mismatch, case, timeout=30)
+    for m in msgs:
+        assert m is not None and needle in m, m
+
+
+def _async(rank, world):
+    import accord
+    state = [np.full(100_000, rank, np.float32), np.full(50, rank, np.int16)]
+    w = accord.broadcast_state(state, src=1, async_op=True, bucket_bytes=1 << 16)
+    x = np.ones((200, 200)) @ np.ones((200, 200))    # compute meanwhile
+    assert w.wait() is True and w.is_completed()
+    assert (state[0] == 1).all() and (state[1] == 1).all()
+    return float(x[0, 0])
+
+
+def test_async_op():
+    assert run_ranks(2, _async) == [200.0, 200.0]
+
+
+def test_first_difference_messages():
+    from accord.state import first_difference, flatten
+    _, a = flatten({"x": [np.zeros(2), 3], "y": np.zeros(1)})
+    _, b = flatten({"x": [np.zeros(2)], "y": np.zeros(1)})
+    assert first_difference(b, a, 3, 0) == ("['x']: rank 3 has a list of length 1, src rank 0 "
+                                            "has a list of length 2")
+    _, c = flatten({"x": [np.zeros(2), 3], "z": np.zeros(1)})
+    assert first_difference(c, a, 1, 0).startswith("['y']: missing on rank 1")
