@@ -111,16 +111,17 @@ def first_difference(mine, src, rank, src_rank):
         if a == b:
             continue
         path = a[0]
+        where = "".join(f"[{k!r}]" for k in path)
         if a[1] == b[1] == "dict":
             ka, kb = list(a[2]), list(b[2])
             missing = [k for k in kb if k not in ka]
             extra = [k for k in ka if k not in kb]
             if missing:
-                return (f"{fmt_path(path)}[{missing[0]}]: missing on rank {rank}, present on "
+                return (f"{where}[{missing[0]}]: missing on rank {rank}, present on "
                         f"src rank {src_rank}" + (f" ({len(missing)} keys missing)"
                                                   if len(missing) > 1 else ""))
             if extra:
-                return (f"{fmt_path(path)}[{extra[0]}]: present on rank {rank}, missing on src "
+                return (f"{where}[{extra[0]}]: present on rank {rank}, missing on src "
                         f"rank {src_rank}")
         if a[0] != b[0]:
             return (f"{fmt_path(b[0])}: rank {rank} has {fmt_path(a[0])} in its place")
