@@ -17,8 +17,8 @@ from .buffers import as_buf
 from .group import ProcessGroup
 from .options import Options, to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
-from .transport.connect import connect_mesh, local_address
-from .transport.tcp import TcpTransport
+from .transport.connect import local_address
+from .transport.factory import build_transport
 from .transport.wire import NO_DTYPE
 from .work import completed_work
 
@@ -56,8 +56,9 @@ def is_initialized():
 def _connect(g, store, addr, timeout):
     """Give member group g its transport, meeting its peers through store."""
     import time
-    socks = connect_mesh(store, g.name, g.rank, g.size, addr, time.monotonic() + timeout)
-    g.transport = TcpTransport(g.rank, g.size, socks, g.describe_rank)
+    # shared memory when every member shares this host, TCP otherwise (transport/factory.py)
+    g.transport = build_transport(store, g.name, g.rank, g.size, g.describe_rank, g.options,
+                                  addr, time.monotonic() + timeout)
 
 
 def _build_group(w, name, ranks, timeout):

@@ -44,6 +44,19 @@ def _parse_host_port(text, name):
     return text
 
 
+def _parse_bytes(text, name, default):
+    """'64M', '1g', '65536' -> bytes; '' -> default."""
+    text = text.strip().lower()
+    if not text:
+        return default
+    body = text[:-1] if text.endswith("b") and len(text) > 1 and not text[-2].isdigit() else text
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(body[-1:], 1)
+    digits = body[:-1] if mult != 1 else body
+    if not digits.isdigit():
+        raise ValueError(f"{name} must be a byte count like 65536, 64M or 1G, got {text!r}")
+    return int(digits) * mult
+
+
 @dataclass(frozen=True)
 class Options:
     timeout: float = DEFAULT_TIMEOUT
@@ -58,6 +71,11 @@ class Options:
     # "host:port" of the rendezvous store hosted by `accord run` (every rank,
     # rank 0 included, connects to it as a client); empty when there is none.
     launcher_store_addr: str = ""
+    # Bytes of shared memory per group per host (the rings between its local ranks).
+    shm_arena: int = 64 << 20
+    # Messages of at least this many bytes go single-copy (process_vm_readv) where
+    # the kernel allows it; 0 turns that off.
+    shm_cma_min: int = 1 << 20
 
     @classmethod
     def from_env(cls, environ=None):
@@ -81,4 +99,6 @@ class Options:
             addr=env.get("ACCORD_ADDR", ""),
             launcher_store_addr=_parse_host_port(env.get("ACCORD_LAUNCHER_STORE", ""),
                                                  "ACCORD_LAUNCHER_STORE"),
+            shm_arena=_parse_bytes(env.get("ACCORD_SHM_ARENA", ""), "ACCORD_SHM_ARENA", 64 << 20),
+            shm_cma_min=_parse_bytes(env.get("ACCORD_SHM_CMA", ""), "ACCORD_SHM_CMA", 1 << 20),
         )

@@ -1,0 +1,64 @@
+"""Kernel waits and wake-ups on 32-bit words of shared memory, through ctypes.
+
+Only the shared (not the private) futex operations: the words live in a
+mapping several processes share. `add_and_wake` is FUTEX_WAKE_OP, which adds
+1 to a word atomically (in the kernel, under the futex lock) and wakes its
+waiter, so a sleeper that passed FUTEX_WAIT the value it last read can never
+miss a wake-up. `fence` is the cheapest full memory barrier Python reaches:
+a foreign call releases and retakes the GIL, a locked instruction on x86.
+"""
+import ctypes
+import ctypes.util
+import errno
+import platform
+
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98,
+              "ppc64le": 221, "s390x": 238, "riscv64": 98}.get(platform.machine().lower())
+
+FUTEX_WAIT, FUTEX_WAKE, FUTEX_WAKE_OP = 0, 1, 5
+# FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0): *uaddr2 += 1; the second wake's
+# condition does not matter (its count is 0)
+_OP_ADD_ONE = (1 << 28) | (0 << 24) | (1 << 12) | 0
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+try:
+    _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    _syscall = _libc.syscall
+    _syscall.restype = ctypes.c_long
+    _syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    _labs = _libc.labs
+    _labs.restype = ctypes.c_long
+    _labs.argtypes = [ctypes.c_long]
+    AVAILABLE = _SYS_FUTEX is not None
+except (OSError, AttributeError):        # pragma: no cover - exotic platforms
+    _libc = _syscall = _labs = None
+    AVAILABLE = False
+
+
+def wait(addr, expected, timeout_s):
+    """Sleep while the word at addr holds `expected` (signed 32-bit), at most timeout_s."""
+    ts = _Timespec(int(timeout_s), int((timeout_s % 1.0) * 1e9))
+    r = _syscall(_SYS_FUTEX, addr, FUTEX_WAIT, expected, ctypes.addressof(ts), None, 0)
+    if r < 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR):
+            raise OSError(e, f"futex wait: {errno.errorcode.get(e, e)}")
+
+
+def wake(addr, n=1):
+    _syscall(_SYS_FUTEX, addr, FUTEX_WAKE, n, None, None, 0)
+
+
+def add_and_wake(addr):
+    """Atomically add 1 to the word at addr and wake one of its waiters."""
+    _syscall(_SYS_FUTEX, addr, FUTEX_WAKE_OP, 1, None, addr, _OP_ADD_ONE)
+
+
+def fence():
+    """A full memory barrier (store-load ordering included)."""
+    _labs(0)

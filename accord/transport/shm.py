@@ -1,0 +1,734 @@
+"""Shared-memory links between the ranks of a group on one host.
+
+One arena per group, created by the group's first rank under an unguessable
+name (mode 0600) and unlinked as soon as every rank has mapped it, so nothing
+stays in /dev/shm after an exit, an exception or a SIGKILL. Inside it:
+
+- per rank: a doorbell word (a futex peers bump to wake the rank), a state
+  word (1 while the rank sleeps or is about to), its pid, a "departed" flag
+  (it closed the group on purpose) and room for an abort message;
+- per ordered pair of ranks: a single-producer single-consumer byte ring.
+  `head` is written only by the producer, `tail` and `acked` only by the
+  consumer, so no atomic read-modify-write is needed on the data path.
+
+Messages are the TCP transport's: a 40-byte stamped header, then the payload,
+streamed through the ring in chunks (the producer publishes each chunk as it
+is written, the consumer copies it out at once: a message larger than the
+ring is pipelined through it). A large message to a peer that may read this
+process's memory goes single-copy instead: the header carries the address of
+the sender's buffer, the receiver copies straight out of it with
+process_vm_readv and bumps `acked`; the send completes on that ack.
+
+Waiting: spin briefly, then sleep on the doorbell with FUTEX_WAIT (bounded
+slices, checking that every peer is still alive between them). Writers bump a
+peer's doorbell (FUTEX_WAKE_OP: atomic add + wake) only when the peer's state
+says it sleeps; both sides put a full fence between their store and the load
+of the other side's word, so a wake-up is never lost.
+"""
+import collections
+import mmap
+import os
+import secrets
+import select
+import struct
+import time
+
+from ..errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
+from . import cma, futex
+from .wire import COLL, HEADER, HEADER_SIZE, P2P, decode_error, describe_header, encode_error
+
+SHM_DIR = "/dev/shm"
+_MAGIC = 0x3130726f63636161          # b"aaccor01"
+_PAGE = 4096
+_RANK_BLOCK = 4096
+# rank block: byte offsets
+_R_DOORBELL = 0                      # i32: bumped by peers (in the kernel)
+_R_PID = 128                         # i64
+_R_DEPARTED = 136                    # i64: 1 after close()
+_R_PROBE_ADDR = 144                  # i64: where peers test process_vm_readv
+_R_PROBE_VAL = 152                   # 8 bytes they must find there
+_R_ABORT_LEN = 192                   # i64
+_R_ABORT_MSG = 256                   # up to _RANK_BLOCK - 256 bytes
+# arena header
+_H_MAGIC, _H_NRANKS, _H_CAP, _H_ABORT = 0, 8, 16, 64
+# channel control page; the ring follows it
+_C_HEAD, _C_TAIL, _C_ACKED, _C_CMA_OK = 0, 64, 128, 192
+_C_WANT_DATA = 256                   # the consumer sleeps until head moves (consumer-written)
+_C_WANT_SPACE = 320                  # the producer sleeps until tail/acked move (producer-written)
+
+_CMA_FLAG = 0x40                     # header kind bit: the payload is a _DESC, not bytes
+_DESC = struct.Struct("<QQ")         # sender's buffer address, ack sequence number
+_DESC_MSG = HEADER_SIZE + _DESC.size
+
+CHAN_MAX = 4 << 20                   # a ring larger than this only costs cache
+CHAN_MIN = 16 << 10
+_CHUNK = 256 << 10                   # publish (and copy out) streams in pieces this big
+_SLICE_S = 0.25                      # longest single futex sleep
+_LIVENESS_S = 0.5                    # how often a sleeper checks that its peers live
+
+
+def arena_layout(size, arena_bytes):
+    """(ring capacity, total bytes) of the arena of a group of `size` ranks."""
+    nchan = size * (size - 1)
+    fixed = _PAGE + size * _RANK_BLOCK + nchan * _PAGE
+    cap = (max(0, arena_bytes - fixed) // max(1, nchan)) // _PAGE * _PAGE
+    cap = max(CHAN_MIN, min(CHAN_MAX, cap))
+    return cap, fixed + nchan * cap
+
+
+class _Recv:
+    __slots__ = ("peer", "stamp", "dest", "tag", "done", "length")
+
+    def __init__(self, peer, dest, stamp=None, tag=None):
+        self.peer, self.dest, self.stamp, self.tag = peer, dest, stamp, tag
+        self.done, self.length = False, len(dest)
+
+
+class _Send:
+    __slots__ = ("peer", "parts", "part", "off", "done", "seq", "keep")
+
+    def __init__(self, peer, parts, seq=0, keep=None):
+        self.peer, self.parts, self.seq, self.keep = peer, parts, seq, keep
+        self.part = self.off = 0
+        self.done = False
+
+
+class _Link:
+    """This rank's two rings with one peer, and the state of the messages on them."""
+
+    def __init__(self, t, peer):
+        self.t, self.peer = t, peer
+        n, me = t.size, t.rank
+        out_c, in_c = t.chan_offset(me, peer), t.chan_offset(peer, me)
+        self.cap = t.cap
+        self.o_head_i, self.o_tail_i = (out_c + _C_HEAD) // 8, (out_c + _C_TAIL) // 8
+        self.o_acked_i, self.o_cma_ok_i = (out_c + _C_ACKED) // 8, (out_c + _C_CMA_OK) // 8
+        self.i_head_i, self.i_tail_i = (in_c + _C_HEAD) // 8, (in_c + _C_TAIL) // 8
+        self.i_acked_i, self.i_cma_ok_i = (in_c + _C_ACKED) // 8, (in_c + _C_CMA_OK) // 8
+        self.o_want_data_i, self.o_want_space_i = (out_c + _C_WANT_DATA) // 8, \
+            (out_c + _C_WANT_SPACE) // 8
+        self.i_want_data_i, self.i_want_space_i = (in_c + _C_WANT_DATA) // 8, \
+            (in_c + _C_WANT_SPACE) // 8
+        self.o_ring = t.mem[out_c + _PAGE:out_c + _PAGE + t.cap]
+        self.i_ring = t.mem[in_c + _PAGE:in_c + _PAGE + t.cap]
+        q = t.q
+        self.o_head = q[self.o_head_i]
+        self.i_tail = q[self.i_tail_i]
+        pb = t.rank_offset(peer)
+        self.peer_doorbell = t.base + pb + _R_DOORBELL
+        self.peer_departed_i = (pb + _R_DEPARTED) // 8
+        self.pid = q[(pb + _R_PID) // 8]
+        self.cma_out = False            # the peer may read this process's memory
+        self.cma_seq = 0
+        self.posted = collections.deque()
+        self.stash = collections.deque()
+        self.incoming = None            # [header, dest, offset, owner] being filled
+        self.sends = collections.deque()
+        self.unacked = collections.deque()
+
+    def poke_data(self):
+        """New data is in our outgoing ring: wake the peer if it sleeps waiting for it."""
+        futex.fence()
+        if self.t.q[self.o_want_data_i]:
+            futex.add_and_wake(self.peer_doorbell)
+
+    def poke_space(self):
+        """Room (or an ack) in the peer's ring to us: wake it if it sleeps waiting for that."""
+        futex.fence()
+        if self.t.q[self.i_want_space_i]:
+            futex.add_and_wake(self.peer_doorbell)
+
+    # -- writing -------------------------------------------------------------
+    def push(self):
+        """Write queued sends into the ring; True if any byte moved."""
+        q, cap, ring = self.t.q, self.cap, self.o_ring
+        moved = False
+        while self.sends:
+            head = self.o_head
+            free = cap - (head - q[self.o_tail_i])
+            if free <= 0:
+                break
+            budget = min(free, _CHUNK)
+            wrote = 0
+            while self.sends and wrote < budget:
+                s = self.sends[0]
+                part = s.parts[s.part]
+                k = min(len(part) - s.off, budget - wrote)
+                pos = (head + wrote) % cap
+                first = min(k, cap - pos)
+                ring[pos:pos + first] = part[s.off:s.off + first]
+                if first < k:
+                    ring[0:k - first] = part[s.off + first:s.off + k]
+                s.off += k
+                wrote += k
+                if s.off == len(part):
+                    s.part += 1
+                    s.off = 0
+                    if s.part == len(s.parts):
+                        self.sends.popleft()
+                        if s.seq:
+                            self.unacked.append(s)
+                        else:
+                            s.done = True
+            self.o_head = head + wrote
+            q[self.o_head_i] = self.o_head
+            moved = True
+            self.poke_data()
+        return moved
+
+    def check_acks(self):
+        acked = self.t.q[self.o_acked_i]
+        moved = False
+        while self.unacked and self.unacked[0].seq <= acked:
+            s = self.unacked.popleft()
+            s.done = True
+            s.keep = None
+            moved = True
+        return moved
+
+    # -- reading -------------------------------------------------------------
+    def _peek(self, n):
+        pos = self.i_tail % self.cap
+        if pos + n <= self.cap:
+            return self.i_ring[pos:pos + n]
+        return bytes(self.i_ring[pos:]) + bytes(self.i_ring[:n - (self.cap - pos)])
+
+    def _publish_tail(self):
+        self.t.q[self.i_tail_i] = self.i_tail
+        self.poke_space()
+
+    def advance(self, drain=False):
+        """Route incoming messages to posted receives; True if any byte moved.
+
+        Stops once nothing is posted (the next message stays in the ring)
+        unless drain is set, when it reads everything the peer has sent.
+        """
+        q = self.t.q
+        moved = False
+        consumed = False
+        try:
+            while True:
+                if self.incoming is None:
+                    if not self.posted and not drain:
+                        return moved
+                    avail = q[self.i_head_i] - self.i_tail
+                    if avail < HEADER_SIZE:
+                        return moved
+                    h = HEADER.unpack(self._peek(HEADER_SIZE))
+                    kind = h[0]
+                    if kind & _CMA_FLAG:
+                        if avail < _DESC_MSG:
+                            return moved
+                        addr, seq = _DESC.unpack(bytes(self._peek(_DESC_MSG))[HEADER_SIZE:])
+                        h = (kind & ~_CMA_FLAG,) + h[1:]
+                        dest, owner = self._route(h)
+                        self.i_tail += _DESC_MSG
+                        consumed = moved = True
+                        if len(dest):
+                            try:
+                                cma.read(self.pid, cma.address(dest), addr, len(dest))
+                            except OSError as e:
+                                raise self.t.peer_lost(self.peer, f"could not be read from "
+                                                       f"({e.strerror or e})") from None
+                        q[self.i_acked_i] = seq
+                        self._complete(h, dest, owner)
+                        continue
+                    dest, owner = self._route(h)
+                    self.i_tail += HEADER_SIZE
+                    consumed = moved = True
+                    self.incoming = [h, dest, 0, owner]
+                inc = self.incoming
+                dest, off = inc[1], inc[2]
+                need = len(dest) - off
+                if need:
+                    avail = q[self.i_head_i] - self.i_tail
+                    if not avail:
+                        return moved
+                    k = min(avail, need, _CHUNK)
+                    pos = self.i_tail % self.cap
+                    first = min(k, self.cap - pos)
+                    dest[off:off + first] = self.i_ring[pos:pos + first]
+                    if first < k:
+                        dest[off + first:off + k] = self.i_ring[0:k - first]
+                    self.i_tail += k
+                    inc[2] = off + k
+                    moved = True
+                    if k == _CHUNK:
+                        # a stream: free the ring piece by piece, so the writer keeps going
+                        self._publish_tail()
+                        consumed = False
+                    else:
+                        consumed = True
+                    if k < need:
+                        continue
+                self.incoming = None
+                self._complete(inc[0], dest, inc[3])
+        finally:
+            if consumed:
+                self._publish_tail()
+
+    def _route(self, h):
+        kind, length = h[0], h[7]
+        head = self.posted[0] if self.posted else None
+        if kind == COLL and head is not None and head.stamp is not None:
+            if not head.stamp.matches(h):
+                raise self.t.desync(self.peer, head.stamp, h)
+            if length != head.length:
+                raise self.t.desync(self.peer, head.stamp, h,
+                                    f"it sent {length} bytes where this rank expects "
+                                    f"{head.length}")
+            return head.dest, head
+        if kind == P2P:
+            for r in self.posted:
+                if r.tag is not None and r.tag == h[5]:
+                    if length != r.length:
+                        raise self.t.p2p_size_mismatch(self.peer, h, r)
+                    return r.dest, r
+        if kind not in (COLL, P2P):
+            raise self.t.peer_lost(self.peer, f"sent a corrupt header (kind {kind})")
+        return memoryview(bytearray(length)), "stash"
+
+    def _complete(self, h, dest, owner):
+        if owner == "stash":
+            self.stash.append((h, dest))
+            return
+        owner.done = True
+        self.posted.remove(owner)
+
+    def take_stashed(self, r):
+        """Satisfy a receive from the stash; True if it was there."""
+        for i, (h, data) in enumerate(self.stash):
+            if r.tag is not None:
+                if h[0] != P2P or h[5] != r.tag:
+                    continue
+                if len(data) != r.length:
+                    raise self.t.p2p_size_mismatch(self.peer, h, r)
+            else:
+                if h[0] != COLL:
+                    continue
+                if not r.stamp.matches(h) or len(data) != r.length:
+                    raise self.t.desync(self.peer, r.stamp, h)
+            r.dest[:] = data
+            del self.stash[i]
+            r.done = True
+            return True
+        return False
+
+    def has_input(self):
+        return self.t.q[self.i_head_i] != self.i_tail
+
+
+class ShmTransport:
+    """The shared-memory links of one group member to every other member."""
+
+    def __init__(self, rank, size, arena, describe_rank, cma_min=1 << 20):
+        self.rank, self.size = rank, size
+        self.describe_rank = describe_rank
+        self.broken = None
+        self.op_desc = ""
+        self._arena = arena
+        self.mem, self.q, self.i32, self.base = arena.mem, arena.q, arena.i32, arena.base
+        self.cap = arena.cap
+        self.cma_min = cma_min if cma_min > 0 else 1 << 62
+        me = self.rank_offset(rank)
+        self._doorbell_i = (me + _R_DOORBELL) // 4
+        self._doorbell = self.base + me + _R_DOORBELL
+        self.links = {p: _Link(self, p) for p in range(size) if p != rank}
+        self._pidfds = {}
+        ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        self._oversubscribed = size > ncpu
+        self._spin = 8 if self._oversubscribed else 200
+        self._last_check = time.monotonic()
+
+    # -- layout ----------------------------------------------------------------
+    def rank_offset(self, r):
+        return _PAGE + r * _RANK_BLOCK
+
+    def chan_offset(self, src, dst):
+        n = self.size
+        idx = src * (n - 1) + (dst if dst < src else dst - 1)
+        return _PAGE + n * _RANK_BLOCK + idx * (_PAGE + self.cap)
+
+    def setup_peers(self):
+        """After every rank has written its block: pids, pidfds, cross-memory checks."""
+        for p, link in self.links.items():
+            link.pid = self.q[(self.rank_offset(p) + _R_PID) // 8]
+            try:
+                self._pidfds[p] = os.pidfd_open(link.pid)
+            except (AttributeError, OSError):
+                pass
+            pb = self.rank_offset(p)
+            ok = cma.probe(link.pid, self.q[(pb + _R_PROBE_ADDR) // 8],
+                           bytes(self.mem[pb + _R_PROBE_VAL:pb + _R_PROBE_VAL + 8]))
+            # consumer-written: "I (this rank) can read the producer p"
+            self.q[link.i_cma_ok_i] = 1 if ok else 2
+
+    def read_cma_flags(self):
+        for link in self.links.values():
+            link.cma_out = self.q[link.o_cma_ok_i] == 1
+
+    # -- errors ------------------------------------------------------------------
+    def peer_desc(self, peer):
+        return self.describe_rank(peer)
+
+    def _here(self):
+        return f"{self.describe_rank(self.rank)}: {self.op_desc}" if self.op_desc else \
+            self.describe_rank(self.rank)
+
+    def peer_lost(self, peer, why):
+        return PeerLost(f"{self._here()}: peer {self.peer_desc(peer)} {why} "
+                        f"(did that process exit or crash?)", peer=peer)
+
+    def desync(self, peer, stamp, h, detail=""):
+        extra = f"; {detail}" if detail else ""
+        return Desync(f"{self._here()}: ranks disagree: this rank ({self.describe_rank(self.rank)}) "
+                      f"called {stamp.describe()}, but {self.peer_desc(peer)} called "
+                      f"{describe_header(h)}{extra}")
+
+    def p2p_size_mismatch(self, peer, h, r):
+        return Desync(f"{self._here()}: {self.peer_desc(peer)} sent {h[7]} bytes with tag {h[5]} "
+                      f"but the receive buffer holds {r.length} bytes")
+
+    # -- the interface ---------------------------------------------------------------
+    def _send(self, peer, header, buf):
+        link = self.links[peer]
+        n = len(buf)
+        if n >= self.cma_min and link.cma_out and buf.contiguous:
+            link.cma_seq += 1
+            s = _Send(peer, [_cma_header(header) + _DESC.pack(cma.address(buf), link.cma_seq)],
+                      seq=link.cma_seq, keep=buf)
+        else:
+            s = _Send(peer, [header, buf] if n else [header])
+        link.sends.append(s)
+        return s
+
+    def exchange(self, sends, recvs, stamp, deadline):
+        """Move every (peer, buffer) send and receive; return when all are done."""
+        self._check_usable()
+        posted = []
+        links = self.links
+        for peer, buf in recvs:
+            r = _Recv(peer, buf, stamp=stamp)
+            link = links[peer]
+            if not (link.stash and link.take_stashed(r)):
+                link.posted.append(r)
+                posted.append(r)
+        outgoing = [self._send(peer, stamp.header(len(buf)), buf) for peer, buf in sends]
+        self._progress(posted, outgoing, deadline)
+
+    def send_p2p(self, peer, buf, tag, deadline):
+        self._check_usable()
+        s = self._send(peer, HEADER.pack(P2P, 10, 0, 0, -1, tag, -1, len(buf)), buf)
+        # the peer may be sending to us at the same time (isend/irecv pairs): read what it
+        # sends into the stash while we wait, or two large sends would block each other
+        self._progress([], [s], deadline, drain=(peer,))
+
+    def recv_p2p(self, peer, buf, tag, deadline):
+        self._check_usable()
+        r = _Recv(peer, buf, tag=tag)
+        link = self.links[peer]
+        if link.take_stashed(r):
+            return
+        link.posted.append(r)
+        self._progress([r], [], deadline)
+
+    def _check_usable(self):
+        if self.broken is not None and isinstance(self.broken, GroupClosed):
+            raise self.broken
+
+    # -- progress ------------------------------------------------------------------
+    def _step(self, recvs, sends, drain):
+        links = self.links
+        moved = False
+        for s in sends:
+            if not s.done:
+                link = links[s.peer]
+                if link.sends and link.push():
+                    moved = True
+                if link.unacked and link.check_acks():
+                    moved = True
+        for r in recvs:
+            if not r.done and links[r.peer].advance():
+                moved = True
+        for p in drain:
+            if links[p].advance(drain=True):
+                moved = True
+        return moved
+
+    def _progress(self, recvs, sends, deadline, drain=()):
+        i32, q, links = self.i32, self.q, self.links
+        spins = 0
+        flags = None
+        try:
+            while True:
+                moved = self._step(recvs, sends, drain)
+                if all(s.done for s in sends) and all(r.done for r in recvs):
+                    return
+                if moved:
+                    spins = 0
+                    if flags:
+                        for i in flags:
+                            q[i] = 0
+                        flags = None
+                    continue
+                spins += 1
+                if spins < self._spin:
+                    if self._oversubscribed:
+                        os.sched_yield()
+                    continue
+                if flags is None:
+                    self._check_abort()
+                    # say what we wait for, then look once more before sleeping: a writer
+                    # either sees the flag (and wakes us) or we see its data
+                    expected = i32[self._doorbell_i]
+                    flags = [links[r.peer].i_want_data_i for r in recvs if not r.done]
+                    flags += [links[p].i_want_data_i for p in drain]
+                    flags += [links[s.peer].o_want_space_i for s in sends if not s.done]
+                    for i in flags:
+                        q[i] = 1
+                    futex.fence()
+                    continue
+                now = time.monotonic()
+                if now >= deadline:
+                    raise self._timeout(recvs, sends)
+                futex.wait(self._doorbell, expected, min(deadline - now, _SLICE_S))
+                for i in flags:
+                    q[i] = 0
+                flags = None
+                spins = self._spin // 2
+                if time.monotonic() - self._last_check >= _LIVENESS_S:
+                    self._check_peers(recvs, sends, drain)
+        except BaseException:
+            for r in recvs:
+                if not r.done:
+                    try:
+                        self.links[r.peer].posted.remove(r)
+                    except ValueError:
+                        pass
+            raise
+        finally:
+            if flags and self.q is not None:
+                for i in flags:
+                    q[i] = 0
+
+    def _check_abort(self):
+        who = self.q[_H_ABORT // 8]
+        if who and who - 1 != self.rank:
+            who -= 1
+            pb = self.rank_offset(who)
+            n = self.q[(pb + _R_ABORT_LEN) // 8]
+            msg = bytes(self.mem[pb + _R_ABORT_MSG:pb + _R_ABORT_MSG + n])
+            raise decode_error(msg, self.peer_desc(who))
+
+    def _dead_peers(self):
+        dead = set()
+        if self._pidfds:
+            p = select.poll()
+            fds = {}
+            for peer, fd in self._pidfds.items():
+                p.register(fd, select.POLLIN)
+                fds[fd] = peer
+            for fd, _ in p.poll(0):
+                dead.add(fds[fd])
+        for peer, link in self.links.items():
+            if peer not in self._pidfds:
+                try:
+                    os.kill(link.pid, 0)
+                except ProcessLookupError:
+                    dead.add(peer)
+                except OSError:
+                    pass
+        return dead
+
+    def _check_peers(self, recvs, sends, drain):
+        self._last_check = time.monotonic()
+        self._check_abort()
+        dead = self._dead_peers()
+        needed = {r.peer for r in recvs if not r.done} | {s.peer for s in sends if not s.done} \
+            | set(drain)
+        for peer, link in self.links.items():
+            departed = self.q[link.peer_departed_i] == 1
+            if not departed and peer not in dead:
+                continue
+            if peer in needed:
+                # its last words may still be in the ring
+                self._step(recvs, sends, drain)
+                if all(s.done for s in sends if s.peer == peer) and \
+                        all(r.done for r in recvs if r.peer == peer) and peer not in drain:
+                    continue
+                if departed:
+                    raise self.peer_lost(peer, "left the group (destroyed it or exited) while "
+                                               "this rank still needed it")
+                raise self.peer_lost(peer, "died (its process is gone)")
+            if not departed:
+                raise self.peer_lost(peer, "died (its process is gone)")
+
+    def _timeout(self, recvs, sends):
+        waiting = sorted({self.peer_desc(r.peer) for r in recvs if not r.done})
+        sending = sorted({self.peer_desc(s.peer) for s in sends if not s.done})
+        parts = []
+        if waiting:
+            parts.append("waiting for data from " + ", ".join(waiting))
+        if sending:
+            parts.append("waiting to send to " + ", ".join(sending))
+        return CommTimeout(f"{self._here()}: timed out {'; '.join(parts)} "
+                           f"(is a rank stuck elsewhere, or calling a different collective?)")
+
+    # -- shutdown ----------------------------------------------------------------------
+    def abort(self, exc):
+        """Tell every peer why this group is broken."""
+        if self.broken is not None:
+            return
+        self.broken = exc
+        if self._arena is None:
+            return
+        msg = encode_error(exc)[:_RANK_BLOCK - _R_ABORT_MSG]
+        me = self.rank_offset(self.rank)
+        self.mem[me + _R_ABORT_MSG:me + _R_ABORT_MSG + len(msg)] = msg
+        self.q[(me + _R_ABORT_LEN) // 8] = len(msg)
+        futex.fence()
+        if not self.q[_H_ABORT // 8]:
+            self.q[_H_ABORT // 8] = self.rank + 1
+        for link in self.links.values():
+            futex.add_and_wake(link.peer_doorbell)
+
+    def close(self):
+        if self._arena is None:
+            return
+        me = self.rank_offset(self.rank)
+        self.q[(me + _R_DEPARTED) // 8] = 1
+        for link in self.links.values():
+            futex.add_and_wake(link.peer_doorbell)
+        for fd in self._pidfds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._pidfds = {}
+        self.links = {}
+        self.mem = self.q = self.i32 = None
+        arena, self._arena = self._arena, None
+        arena.close()
+        if self.broken is None:
+            self.broken = GroupClosed("the group was destroyed")
+
+
+def _cma_header(header):
+    return bytes([header[0] | _CMA_FLAG]) + bytes(header[1:])
+
+
+class Arena:
+    """A mapped arena: byte, int64 and int32 views and its base address."""
+
+    def __init__(self, mm, cap):
+        import ctypes
+        self.mm, self.cap = mm, cap
+        self.mem = memoryview(mm)
+        self.q = self.mem.cast("q")
+        self.i32 = self.mem.cast("i")
+        self._anchor = ctypes.c_char.from_buffer(mm)
+        self.base = ctypes.addressof(self._anchor)
+        self._probe = ctypes.create_string_buffer(8)     # peers test cross-memory reads here
+
+    def close(self):
+        self._anchor = None
+        for v in (self.q, self.i32, self.mem):
+            try:
+                v.release()
+            except (ValueError, BufferError):
+                pass
+        try:
+            self.mm.close()
+        except BufferError:        # a view still exists somewhere: the GC unmaps it later
+            pass
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _barrier(store, key, rank, size, deadline):
+    store.set(f"{key}/{rank}", b"1")
+    store.wait([f"{key}/{r}" for r in range(size)])
+
+
+def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=64 << 20,
+                cma_min=1 << 20):
+    """Create (group rank 0) or attach the group's arena; return a ShmTransport.
+
+    Raises OSError where shared memory is unavailable: rank 0 publishes the
+    failure, so every rank raises instead of some waiting forever.
+    """
+    cap, total = arena_layout(size, arena_bytes)
+    key = f"{prefix}/shm"
+    path = None
+    if rank == 0:
+        name = f"accord-{secrets.token_hex(16)}"
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            store.set(f"{key}/name", f"!{e}")
+            raise
+        try:
+            os.fchmod(fd, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, total)     # fail now, not with SIGBUS later
+            except OSError as e:
+                raise OSError(e.errno, f"cannot reserve {total} bytes in {SHM_DIR} for the "
+                                       f"group's arena: {e.strerror}") from None
+            mm = mmap.mmap(fd, total)
+        except BaseException as e:
+            os.close(fd)
+            _unlink(path)
+            store.set(f"{key}/name", f"!{e}")
+            raise
+        os.close(fd)
+        head = memoryview(mm).cast("q")
+        head[_H_NRANKS // 8] = size
+        head[_H_CAP // 8] = cap
+        head[_H_MAGIC // 8] = _MAGIC
+        head.release()
+        store.set(f"{key}/name", name)
+    else:
+        name = store.get(f"{key}/name")
+        name = name.decode() if isinstance(name, (bytes, bytearray)) else str(name)
+        if name.startswith("!"):
+            raise OSError(f"group rank 0 could not create the shared-memory arena: {name[1:]}")
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            mm = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+    try:
+        arena = Arena(mm, cap)
+        if arena.q[_H_MAGIC // 8] != _MAGIC or arena.q[_H_NRANKS // 8] != size or \
+                arena.q[_H_CAP // 8] != cap:
+            raise AccordError(f"{describe_rank(rank)}: the shared-memory arena of group "
+                              f"{prefix!r} does not match this rank's layout")
+        t = ShmTransport(rank, size, arena, describe_rank, cma_min)
+        me = t.rank_offset(rank)
+        arena.q[(me + _R_PID) // 8] = os.getpid()
+        import ctypes
+        val = secrets.token_bytes(8)
+        ctypes.memmove(arena._probe, val, 8)
+        arena.q[(me + _R_PROBE_ADDR) // 8] = ctypes.addressof(arena._probe)
+        arena.mem[me + _R_PROBE_VAL:me + _R_PROBE_VAL + 8] = val
+        if store.add(f"{key}/attached", 1) == size:
+            _unlink(path)
+        _barrier(store, f"{key}/ready", rank, size, deadline)
+        _unlink(path)           # every rank: whoever survives removes the name
+        path = None
+        t.setup_peers()
+        _barrier(store, f"{key}/probed", rank, size, deadline)
+        t.read_cma_flags()
+        return t
+    except BaseException:
+        if path is not None:
+            _unlink(path)
+        raise
