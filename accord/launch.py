@@ -463,10 +463,12 @@ class _Launcher:
         candidates = [observed] + [r for r in self.ranks
                                    if r is not observed and r.error() is not None]
         root = min(candidates, key=lambda r: (when(r), r is not observed))
+        err = root.error()
         how = describe_status(root.returncode)
+        if err and err.get("type"):
+            how = f"raised {err['type']}, then {how}"
         _say(f"job failed: rank {root.rank} (local rank {root.local_rank} on node "
              f"{self.config.node_rank}, pid {root.pid}) {how}")
-        err = root.error()
         if err and err.get("traceback"):
             prefix = f"[rank {root.rank}] "
             text = "".join(prefix + line + "\n"
@@ -489,4 +491,6 @@ class _Launcher:
                 parts.append(f"rank {r.rank} {state}")
             _say("other ranks: " + "; ".join(parts))
         sys.stderr.flush()
+        if root.signalled and root.returncode < 0:
+            return 1  # it had failed before the launcher stopped it
         return exit_status(root.returncode) or 1
