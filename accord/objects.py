@@ -1,22 +1,121 @@
-"""Collectives of picklable Python objects: sizes first, then the bytes.
+"""Collectives of picklable Python objects, streamed in bounded chunks.
 
-Each is two ordinary collectives on the group (so they keep the group's
-order and get every check the tensor ones get). Pickles of different sizes
-travel through the uneven-size variants; nothing is padded.
+Each object is pickled with protocol 5; the buffers of numpy arrays (and
+anything else that offers a PickleBuffer) are kept out of band, not copied
+into the pickle. An object's wire form is one "region":
+
+    [int64 main_len, n_buffers, len_0 .. len_n-1] (padded to 64 bytes)
+    main pickle (padded to 64) | buffer 0 (padded to 64) | buffer 1 | ...
+
+Sizes travel first (one small collective). Then the regions move in chunks
+of at most CHUNK_BYTES (64 MiB): a chunk that lies inside one buffer is sent
+straight from it and received straight into the destination region; only
+chunks that straddle pieces go through a bounded staging array. Receivers
+unpickle with the out-of-band buffers pointing into the received region, so
+the arrays inside an object are never copied a second time, and no message
+or buffer is ever larger than a chunk: objects over 2 GiB work.
+
+Every step is an ordinary collective on the group, so the group's order and
+checks apply. Uneven pieces use the uneven-size variants; nothing is padded
+across ranks.
 """
+import bisect
 import pickle
 
 import numpy as np
 
 from . import api
 
+CHUNK_BYTES = 64 << 20       # the largest piece of an object any one collective moves
+_ALIGN = 64
 
-def _dump(obj):
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+
+def _pad(n):
+    return -(-n // _ALIGN) * _ALIGN
 
 
-def _load(arr):
-    return pickle.loads(arr.tobytes())
+class _Region:
+    """An object's wire form as pieces at offsets (sender), or one array (receiver)."""
+
+    def __init__(self, offsets, pieces, size):
+        self.offsets, self.pieces, self.size = offsets, pieces, size
+
+    @classmethod
+    def of(cls, obj):
+        bufs = []
+        main = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+        raws = []
+        for b in bufs:
+            try:
+                raws.append(b.raw())
+            except BufferError:          # not contiguous: take a contiguous copy
+                raws.append(memoryview(bytes(memoryview(b))))
+        header = np.array([len(main), len(raws)] + [r.nbytes for r in raws], np.int64)
+        offsets, pieces = [0], [memoryview(header.view(np.uint8))]
+        off = _pad(header.nbytes)
+        for p in [memoryview(main)] + raws:
+            offsets.append(off)
+            pieces.append(p.cast("B") if p.format != "B" or p.ndim != 1 else p)
+            off += _pad(p.nbytes)
+        return cls(offsets, pieces, off)
+
+    @classmethod
+    def empty(cls, size):
+        return cls([0], [np.empty(int(size), np.uint8)], int(size))
+
+    def load(self):
+        arr = self.pieces[0]
+        head = arr[:16].view(np.int64)
+        main_len, n = int(head[0]), int(head[1])
+        lens = arr[16:16 + 8 * n].view(np.int64).tolist()
+        off = _pad(16 + 8 * n)
+        main = memoryview(arr[off:off + main_len])
+        off += _pad(main_len)
+        buffers = []
+        for ln in lens:
+            buffers.append(memoryview(arr[off:off + ln]))
+            off += _pad(ln)
+        return pickle.loads(main, buffers=buffers)
+
+    # -- chunks ----------------------------------------------------------------
+    def view(self, start, n, writable):
+        """The bytes [start, start+n) as a numpy view if they lie in one piece, else None."""
+        i = bisect.bisect_right(self.offsets, start) - 1
+        p, off = self.pieces[i], self.offsets[i]
+        plen = p.nbytes if isinstance(p, memoryview) else p.size
+        if start + n > off + plen or (writable and isinstance(p, memoryview) and p.readonly):
+            return None
+        return np.frombuffer(p, np.uint8, n, start - off) if isinstance(p, memoryview) \
+            else p[start - off:start - off + n]
+
+    def read(self, start, dst):
+        """Copy the bytes [start, start+len(dst)) into dst (padding left as it is)."""
+        end = start + dst.size
+        i = max(0, bisect.bisect_right(self.offsets, start) - 1)
+        while i < len(self.pieces) and self.offsets[i] < end:
+            p, off = self.pieces[i], self.offsets[i]
+            src = np.frombuffer(p, np.uint8) if isinstance(p, memoryview) else p
+            lo, hi = max(start, off), min(end, off + src.size)
+            if lo < hi:
+                dst[lo - start:hi - start] = src[lo - off:hi - off]
+            i += 1
+
+    def write(self, start, src):
+        arr = self.pieces[0]
+        arr[start:start + src.size] = src
+
+
+def _chunk(region, start, n, writable, staging):
+    """A chunk of region to send: in place where it lies in one piece, else staged."""
+    v = region.view(start, n, writable)
+    if v is None:
+        v = staging[:n]
+        region.read(start, v)
+    return v
+
+
+def _staging(total):
+    return np.empty(min(total, CHUNK_BYTES), np.uint8)
 
 
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None,
@@ -27,20 +126,82 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     if not isinstance(object_list, list):
         raise TypeError(f"object_list: expected a list, got {type(object_list).__name__}")
     root = api._root(g, src, group_src, "src")
-    if g.rank == root:
-        blobs = [_dump(o) for o in object_list]
-        sizes = np.array([b.size for b in blobs], dtype=np.int64)
+    is_root = g.rank == root
+    if is_root:
+        regions = [_Region.of(o) for o in object_list]
+        sizes = np.array([r.size for r in regions], dtype=np.int64)
     else:
         sizes = np.zeros(len(object_list), dtype=np.int64)
     api.broadcast(sizes, group=g, group_src=root, timeout=timeout)
-    data = np.concatenate(blobs) if g.rank == root and blobs else np.empty(int(sizes.sum()),
-                                                                           np.uint8)
-    api.broadcast(data, group=g, group_src=root, timeout=timeout)
-    if g.rank != root:
-        off = 0
-        for i, n in enumerate(sizes.tolist()):
-            object_list[i] = _load(data[off:off + n])
-            off += n
+    if not is_root:
+        regions = [_Region.empty(n) for n in sizes.tolist()]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    total = starts[-1]
+    staging = None
+    pos = 0
+    while pos < total:
+        n = min(CHUNK_BYTES, total - pos)
+        i = bisect.bisect_right(starts, pos) - 1
+        if pos + n <= starts[i + 1]:                 # inside object i
+            if is_root:
+                staging = staging if staging is not None else _staging(total)
+                buf = _chunk(regions[i], pos - starts[i], n, True, staging)
+            else:
+                buf = regions[i].view(pos - starts[i], n, True)
+            api.broadcast(buf, group=g, group_src=root, timeout=timeout)
+        else:                                        # spans objects: stage
+            staging = staging if staging is not None else _staging(total)
+            buf = staging[:n]
+            if is_root:
+                _read_across(regions, starts, pos, buf)
+            api.broadcast(buf, group=g, group_src=root, timeout=timeout)
+            if not is_root:
+                _write_across(regions, starts, pos, buf)
+        pos += n
+    if not is_root:
+        for i, r in enumerate(regions):
+            object_list[i] = r.load()
+
+
+def _across(starts, pos, n):
+    i = bisect.bisect_right(starts, pos) - 1
+    while pos < starts[-1] and n > 0:
+        while starts[i + 1] <= pos:
+            i += 1
+        take = min(n, starts[i + 1] - pos)
+        yield i, pos - starts[i], take
+        pos += take
+        n -= take
+
+
+def _read_across(regions, starts, pos, buf):
+    done = 0
+    for i, off, take in _across(starts, pos, buf.size):
+        regions[i].read(off, buf[done:done + take])
+        done += take
+
+
+def _write_across(regions, starts, pos, buf):
+    done = 0
+    for i, off, take in _across(starts, pos, buf.size):
+        regions[i].write(off, buf[done:done + take])
+        done += take
+
+
+def _rounds(sizes):
+    return max(1, -(-int(max(sizes)) // CHUNK_BYTES))
+
+
+def _piece(size, k):
+    lo = min(size, k * CHUNK_BYTES)
+    return lo, min(size, lo + CHUNK_BYTES) - lo
+
+
+def _all_sizes(g, size, timeout):
+    sizes = np.zeros(g.size, dtype=np.int64)
+    api.all_gather_into_tensor(sizes, np.array([size], dtype=np.int64), group=g,
+                               timeout=timeout)
+    return sizes.tolist()
 
 
 def all_gather_object(object_list, obj, group=None, timeout=None):
@@ -48,14 +209,19 @@ def all_gather_object(object_list, obj, group=None, timeout=None):
     if not g.is_member:
         return None
     api._check_len(g, object_list, "object_list")
-    blob = _dump(obj)
-    sizes = np.zeros(g.size, dtype=np.int64)
-    api.all_gather_into_tensor(sizes, np.array([blob.size], dtype=np.int64), group=g,
-                               timeout=timeout)
-    outs = [np.empty(int(n), np.uint8) for n in sizes]
-    api.all_gather(outs, blob, group=g, timeout=timeout)
+    mine = _Region.of(obj)
+    sizes = _all_sizes(g, mine.size, timeout)
+    outs = [_Region.empty(n) for n in sizes]
+    for k in range(_rounds(sizes)):
+        blocks = []
+        for n, out in zip(sizes, outs):
+            lo, m = _piece(n, k)
+            blocks.append(out.pieces[0][lo:lo + m])
+        lo, m = _piece(mine.size, k)
+        mine.read(lo, blocks[g.rank])
+        api.all_gather(blocks, blocks[g.rank], group=g, timeout=timeout)
     for i, o in enumerate(outs):
-        object_list[i] = _load(o)
+        object_list[i] = o.load()
 
 
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None,
@@ -67,15 +233,27 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     is_root = g.rank == root
     if is_root:
         api._check_len(g, object_gather_list, "object_gather_list")
-    blob = _dump(obj)
-    sizes = [np.zeros(1, np.int64) for _ in range(g.size)] if is_root else None
-    api.gather(np.array([blob.size], dtype=np.int64), sizes, group=g, group_dst=root,
-               timeout=timeout)
-    outs = [np.empty(int(s[0]), np.uint8) for s in sizes] if is_root else None
-    api.gather(blob, outs, group=g, group_dst=root, timeout=timeout)
+    mine = _Region.of(obj)
+    sizes = _all_sizes(g, mine.size, timeout)     # everyone learns how many rounds
+    outs = [_Region.empty(n) for n in sizes] if is_root else None
+    staging = None
+    for k in range(_rounds(sizes)):
+        lo, m = _piece(mine.size, k)
+        if is_root:
+            blocks = []
+            for n, out in zip(sizes, outs):
+                blo, bm = _piece(n, k)
+                blocks.append(out.pieces[0][blo:blo + bm])
+            mine_chunk = blocks[g.rank]
+            mine.read(lo, mine_chunk)
+        else:
+            blocks = None
+            staging = staging if staging is not None else _staging(mine.size)
+            mine_chunk = _chunk(mine, lo, m, False, staging)
+        api.gather(mine_chunk, blocks, group=g, group_dst=root, timeout=timeout)
     if is_root:
         for i, o in enumerate(outs):
-            object_gather_list[i] = _load(o)
+            object_gather_list[i] = o.load()
 
 
 def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
@@ -89,10 +267,25 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     is_root = g.rank == root
     if is_root:
         api._check_len(g, scatter_object_input_list, "scatter_object_input_list")
-        blobs = [_dump(o) for o in scatter_object_input_list]
-        size_list = [np.array([b.size], np.int64) for b in blobs]
-    size = np.zeros(1, np.int64)
-    api.scatter(size, size_list if is_root else None, group=g, group_src=root, timeout=timeout)
-    mine = np.empty(int(size[0]), np.uint8)
-    api.scatter(mine, blobs if is_root else None, group=g, group_src=root, timeout=timeout)
-    scatter_object_output_list[0] = _load(mine)
+        ins = [_Region.of(o) for o in scatter_object_input_list]
+        biggest = max(r.size for r in ins)
+        size_list = [np.array([r.size, biggest], np.int64) for r in ins]
+    head = np.zeros(2, np.int64)
+    api.scatter(head, size_list if is_root else None, group=g, group_src=root, timeout=timeout)
+    size, biggest = head.tolist()
+    out = _Region.empty(size)
+    stagings = [None] * g.size
+    for k in range(_rounds([biggest])):
+        lo, m = _piece(size, k)
+        chunk = out.pieces[0][lo:lo + m]
+        parts = None
+        if is_root:
+            parts = []
+            for r, region in enumerate(ins):
+                rlo, rm = _piece(region.size, k)
+                if stagings[r] is None:
+                    stagings[r] = _staging(region.size)
+                # writable: api.scatter's list check asks for writable buffers today
+                parts.append(_chunk(region, rlo, rm, True, stagings[r]))
+        api.scatter(chunk, parts, group=g, group_src=root, timeout=timeout)
+    scatter_object_output_list[0] = out.load()
