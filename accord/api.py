@@ -196,6 +196,9 @@ def _leave_at_exit():
 
 def _group(group):
     if group is not None:     # standalone groups (accord.torch) need no world
+        if not isinstance(group, ProcessGroup):
+            raise TypeError(f"group: expected an accord ProcessGroup (from new_group) or None, "
+                            f"got {type(group).__name__}")
         return group
     return _require_world().default
 

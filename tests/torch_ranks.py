@@ -50,8 +50,11 @@ def _child(rank, world, tmp, backends, fn, args, conn, timeout, env):
         os._exit(0)
 
 
-def run_torch(world, fn, *args, backends=("accord",), timeout=60, env=None, expect_fail=False):
+def run_torch(world, fn, *args, backends=("accord",), timeout=60, env=None, expect_fail=False,
+              pg_timeout=None):
     """fn(rank, world, backend, *args) on `world` ranks, once per backend.
+
+    timeout bounds the whole run; pg_timeout (default: timeout) is the groups'.
 
     Returns [ {backend: result} per rank ]. With expect_fail=True, returns
     [(kind, payload)] per rank: kind "ok" (payload the dict), "error"
@@ -65,7 +68,7 @@ def run_torch(world, fn, *args, backends=("accord",), timeout=60, env=None, expe
                 parent, child = _CTX.Pipe(duplex=False)
                 p = _CTX.Process(target=_child, daemon=True,
                                  args=(r, world, tmp, tuple(backends), fn, args, child,
-                                       timeout, env))
+                                       pg_timeout or timeout, env))
                 p.start()
                 child.close()
                 procs.append(p)

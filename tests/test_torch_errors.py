@@ -1,0 +1,109 @@
+"""Failures reach torch.distributed callers as accord's own error types.
+
+A peer that dies, a peer that is late, and ranks that disagree: the caller of
+dist.all_reduce (synchronous), of Work.wait() and of get_future().wait()
+(asynchronous) gets PeerLost, CommTimeout or Desync, message intact.
+"""
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import accord  # noqa: E402
+from torch_ranks import run_torch  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as e:
+        return type(e).__name__, str(e), isinstance(e, accord.AccordError)
+    return None
+
+
+def peer_dies(rank, world, backend, mode):
+    dist.barrier()
+    if rank == 1:
+        os._exit(3)
+    t = torch.ones(4)
+    if mode == "sync":
+        return _catch(lambda: dist.all_reduce(t))
+    w = dist.all_reduce(t, async_op=True)
+    fut = w.get_future()
+    err = _catch(lambda: w.wait())
+    return [err, _catch(lambda: fut.wait()), w.is_completed(), w.is_success()]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_peer_lost(mode):
+    res = run_torch(2, peer_dies, mode, timeout=30, expect_fail=True)
+    assert res[1][0] == "died"
+    kind, out = res[0]
+    assert kind == "ok", out
+    got = out["accord"]
+    if mode == "sync":
+        name, msg, is_accord = got
+        assert name == "PeerLost" and is_accord, got
+        assert "rank 1" in msg, msg
+    else:
+        (name, msg, is_accord), fut_err, completed, success = got
+        assert name == "PeerLost" and is_accord and "rank 1" in msg, got
+        assert fut_err[0] == "PeerLost" and fut_err[1] == msg
+        assert completed is True and success is False
+
+
+def late_peer(rank, world, backend):
+    t = torch.ones(4)
+    if rank == 1:
+        time.sleep(3)
+    return _catch(lambda: dist.all_reduce(t))
+
+
+def test_comm_timeout():
+    res = run_torch(2, late_peer, timeout=30, pg_timeout=1.5)
+    name, msg, is_accord = res[0]["accord"]
+    assert name == "CommTimeout" and is_accord, res[0]
+    assert "timed out" in msg and "rank 1" in msg, msg
+    # the late rank does not hang: it either finds rank 0's data already sent or
+    # learns that the group broke
+    assert res[1]["accord"] is None or res[1]["accord"][2], res[1]
+
+
+def desync(rank, world, backend):
+    t = torch.ones(4 + rank)              # ranks disagree about the size
+    return _catch(lambda: dist.all_reduce(t))
+
+
+def test_desync():
+    res = run_torch(2, desync, timeout=30)
+    errs = [r["accord"] for r in res]
+    assert all(e is not None and e[2] for e in errs), errs
+    assert any(e[0] == "Desync" for e in errs), errs
+    d = next(e for e in errs if e[0] == "Desync")
+    assert "all_reduce" in d[1], d
+
+
+def bad_args(rank, world, backend):
+    out = {}
+    out["avg_int"] = _catch(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
+                                                    op=dist.ReduceOp.AVG))
+    out["anysource"] = _catch(lambda: dist.recv(torch.empty(1)))  if world > 1 else None
+    dist.barrier()
+    t = torch.ones(2)
+    dist.all_reduce(t)                    # argument errors do not break the group
+    out["after"] = t.tolist()
+    return out
+
+
+def test_argument_errors_leave_group_usable():
+    res = run_torch(2, bad_args, timeout=30)
+    for r in res:
+        a = r["accord"]
+        assert a["avg_int"][0] == "TypeError" and "AVG" in a["avg_int"][1]
+        assert a["anysource"][0] == "ValueError" and "src" in a["anysource"][1]
+        assert a["after"] == [2.0, 2.0]
