@@ -33,7 +33,7 @@ QUICK_SIZES = "8,1K,64K"
 LIB_NAMES = {"gloo": "gloo", "mpi": "mpi", "mpich": "mpi"}
 CSV_FIELDS = ["lib", "world", "op", "size_bytes", "lat_us", "algbw_GBps", "busbw_GBps",
               "op_p50_us", "blk_min_us", "iters", "blocks", "verified", "transport",
-              "glibc_tunables", "repeats"]
+              "glibc_tunables", "repeats", "peak_rss_MiB"]
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
           "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -155,7 +155,7 @@ class Settings:
             raise ValueError(f"--ops: unknown {', '.join(bad) or '(none given)'}; "
                              f"choose from {', '.join(OPS)}")
         sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
-        self.sizes = [parse_size(s) for s in sizes.split(",") if s.strip()]
+        self.sizes = sorted({parse_size(s) for s in sizes.split(",") if s.strip()})
         if not self.sizes:
             raise ValueError("--sizes: no size given")
         self.quick = args.quick
@@ -483,6 +483,8 @@ def write_csv(path, rows):
             out = dict(r)
             for k in ("lat_us", "op_p50_us", "blk_min_us"):
                 out[k] = f"{r[k]:.2f}"
+            if r.get("peak_rss_MiB") is not None:
+                out["peak_rss_MiB"] = f"{r['peak_rss_MiB']:.1f}"
             for k in ("algbw_GBps", "busbw_GBps"):
                 out[k] = "" if r[k] is None else f"{r[k]:.6g}"
             w.writerow(out)
@@ -521,7 +523,7 @@ def write_plot(path, rows, settings):
             ax.set_yscale("log")
             ax.set_xticks(settings.sizes)
             ax.set_xticklabels([fmt_size(s).replace(" ", "") for s in settings.sizes],
-                               fontsize=8)
+                               fontsize=7, rotation=45)
             ax.set_xlabel("bytes per rank")
             ax.grid(True, which="both", alpha=0.3)
             if j == 0:
@@ -559,6 +561,8 @@ def merge_runs(runs):
         m["blk_min_us"] = min(r["blk_min_us"] for r in rs)
         m["verified"] = all(r.get("verified", True) for r in rs)
         m["repeats"] = len(rs)
+        if any(r.get("peak_rss_MiB") is not None for r in rs):
+            m["peak_rss_MiB"] = max(r.get("peak_rss_MiB") or 0.0 for r in rs)
         if op != "barrier":
             m["algbw_GBps"] = algbw_bytes(op, size, m["world"]) / (m["lat_us"] * 1e-6) / 1e9
             m["busbw_GBps"] = m["algbw_GBps"] * bus_factor(op, m["world"])

@@ -275,6 +275,16 @@ def row(lib, op, size, med, p50, bmin, iters, blocks, verified):
             "blocks": blocks, "verified": verified}
 
 
+def _peak_rss_mib():
+    """This rank's peak resident memory so far (sizes run in increasing order)."""
+    try:
+        import resource
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return kib / 1024.0 if sys.platform != "darwin" else kib / 1048576.0
+    except (ImportError, OSError):
+        return 0.0
+
+
 def run(lib, ops, sizes, quick, barrier):
     rank0 = lib.rank == 0
     say = (lambda text: _emit({"progress": text})) if rank0 else (lambda text: None)
@@ -296,10 +306,12 @@ def run(lib, ops, sizes, quick, barrier):
             pending.append((op, med, p50, bmin))
         # results are checked after every op of this size has run (as the anchors
         # run them, one after the other on the same buffers), on every rank
-        ok = lib.max_over_ranks([0.0 if verify(done) else 1.0])[0] == 0.0
+        bad, rss = lib.max_over_ranks([0.0 if verify(done) else 1.0, _peak_rss_mib()])
         for op, med, p50, bmin in pending:
             if rank0:
-                _emit({"row": row(lib, op, size, med, p50, bmin, iters, blocks, ok)})
+                r = row(lib, op, size, med, p50, bmin, iters, blocks, bad == 0.0)
+                r["peak_rss_MiB"] = rss
+                _emit({"row": r})
         del ops_fn, verify
 
 
@@ -312,7 +324,7 @@ def main(argv=None):
     ap.add_argument("--no-barrier", dest="barrier", action="store_false")
     a = ap.parse_args(argv)
     ops = [o for o in a.ops.split(",") if o]
-    sizes = [int(s) for s in a.sizes.split(",") if s]
+    sizes = sorted(int(s) for s in a.sizes.split(",") if s)
     lib = LIBS[a.lib]()
     try:
         run(lib, ops, sizes, a.quick, a.barrier)

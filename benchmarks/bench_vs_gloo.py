@@ -11,6 +11,11 @@ torch gloo and mpi4py/MPICH side by side with the anchors' method
     README-table-tcp.md       the table for the README, with the command and settings
     bench-tcp-w2.png          busbw and latency against size, one line per library
 
+Each library runs three times, interleaved (accord, gloo, mpich, accord, ...),
+and every row is the median of the three: on a small, shared machine this keeps
+a burst of outside load from landing on one library only.  A run takes about
+four minutes on 2 cores.
+
 Extra options are passed on to `accord bench` (e.g. --glibc-tunables
 glibc.cpu.x86_non_temporal_threshold=0x1000000, or -n 2,4); the run says which
 GLIBC_TUNABLES setting it used.
@@ -27,7 +32,7 @@ OUT = os.path.join("benchmarks", "results")
 def main(extra):
     args = ["bench", "-n", "2", "--transport", "tcp",
             "--ops", "broadcast,all_gather,scatter,all_reduce",
-            "--sizes", "8,1K,64K,1M,16M,64M", "--compare", "gloo,mpi",
+            "--sizes", "8,1K,64K,1M,16M,64M", "--compare", "gloo,mpi", "--repeat", "3",
             "--csv", os.path.join(OUT, "bench-tcp-w2.csv"),
             "--markdown", os.path.join(OUT, "README-table-tcp.md"),
             "--plot", os.path.join(OUT, "bench-tcp-w2.png"), *extra]
