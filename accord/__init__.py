@@ -5,12 +5,14 @@ all_gather, scatter and the rest) over TCP and shared memory, with or
 without PyTorch. See CONTRACT.md for the public names.
 """
 from .api import (
-    all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
-    broadcast, destroy_process_group, gather, get_global_rank, get_group_rank,
+    all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, barrier,
+    destroy_process_group, gather, get_global_rank, get_group_rank,
     get_process_group_ranks, get_rank, get_world_size, init_process_group, irecv,
-    is_initialized, isend, new_group, new_subgroups, recv, reduce, reduce_scatter,
+    is_initialized, isend, new_group, new_subgroups, recv, reduce_scatter,
     reduce_scatter_tensor, scatter, send,
 )
+# broadcast, all_reduce and reduce are the api's, routed through an open coalescing() block
+from .coalescing import all_reduce, broadcast, coalescing, reduce
 from .errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
 from .group import ProcessGroup
 from .objects import (all_gather_object, broadcast_object_list, gather_object,
@@ -29,7 +31,7 @@ __all__ = [
     "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
     "barrier", "send", "recv", "isend", "irecv",
     "broadcast_object_list", "all_gather_object", "scatter_object_list", "gather_object",
-    "broadcast_state",
+    "broadcast_state", "coalescing",
     "ReduceOp", "Work", "ProcessGroup",
     "AccordError", "CommTimeout", "PeerLost", "Desync", "GroupClosed",
 ]

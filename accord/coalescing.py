@@ -1,0 +1,276 @@
+"""coalescing(): many small collectives become a few bucketed ones.
+
+    with accord.coalescing():                  # or: with accord.coalescing(group) as c:
+        for p in params:
+            accord.all_reduce(p.grad)          # queued, not sent
+    # here: one all_reduce per dtype bucket has run; every p.grad holds the sum
+
+Inside the block, `broadcast`, `all_reduce` and `reduce` on the block's group
+are queued instead of run. At exit, each run of consecutive calls of the same
+kind and key (same src / same op / same dst and op) is packed by dtype into
+buckets of at most `bucket_bytes` (25 MiB) and sent as one collective per
+bucket; a tensor of a bucket's size or more goes alone, in place. Calls with
+async_op=True return a Work at once, which completes when its bucket has been
+unpacked after the flush; calls with async_op=False return None, and the block
+waits for everything at exit. Results are written in place exactly as the
+plain calls write them.
+
+Rules: tensors are read and written at exit, not at the call (keep them alive
+and unchanged until then, as with async_op=True). A call on a tensor already
+queued in the same run starts a new run, so reusing a tensor gives the same
+result as the plain calls. Other collectives issued inside the block run when
+called, before the queued ones; every rank reorders identically. If the block
+raises, nothing queued is sent and the Works report the exception.
+
+The module also provides the public `accord.broadcast`, `accord.all_reduce`
+and `accord.reduce`: the api functions, routed to the innermost active block
+of their group (one integer test when no block is active).
+"""
+import concurrent.futures
+import threading
+
+from . import api
+from ._packing import check_bucket_bytes, plan_buckets, tensor_view
+from .buffers import BF16_CODE
+from .reduceops import ReduceOp, as_reduce_op, check_op
+from .work import Work
+
+_active = 0                      # blocks open in any thread: the fast path tests this only
+_local = threading.local()
+_active_lock = threading.Lock()
+
+
+def _stack():
+    s = getattr(_local, "stack", None)
+    if s is None:
+        s = _local.stack = []
+    return s
+
+
+def _current(group):
+    stack = _stack()
+    if not stack:
+        return None
+    g = api._group(group)
+    for c in reversed(stack):
+        if c.group is g:
+            return c
+    return None
+
+
+class _OpCheck:
+    """What check_op needs to know about a tensor, without copying it."""
+    __slots__ = ("arr", "is_bf16", "dtype_name")
+
+    def __init__(self, view, code, name):
+        self.arr, self.is_bf16, self.dtype_name = view, code == BF16_CODE, name
+
+
+class _Pending:
+    __slots__ = ("tensor", "view", "code", "future", "desc")
+
+    def __init__(self, tensor, view, code, desc):
+        self.tensor, self.view, self.code, self.desc = tensor, view, code, desc
+        self.future = concurrent.futures.Future()
+        self.future.set_running_or_notify_cancel()
+
+
+class _Run:
+    """Consecutive queued calls of one kind and key."""
+    __slots__ = ("kind", "key", "items", "ptrs")
+
+    def __init__(self, kind, key):
+        self.kind, self.key, self.items, self.ptrs = kind, key, [], set()
+
+
+class coalescing:
+    """Context manager: queue small collectives of `group` and flush them bucketed at exit.
+
+    bucket_bytes: largest bucket (default 25 MiB). After exit, `works` holds
+    the Work of every bucketed collective and `wait()` waits for them all.
+    """
+
+    def __init__(self, group=None, bucket_bytes=None, timeout=None):
+        self.group = api._group(group)
+        self.bucket_bytes = check_bucket_bytes(bucket_bytes)
+        self.timeout = timeout
+        self.works = []
+        self._runs = []
+        self._must_wait = False
+        self._open = False
+        self.calls = 0            # calls queued
+        self.collectives = 0      # collectives they became
+
+    # -- the block ------------------------------------------------------------
+    def __enter__(self):
+        global _active
+        if self._open:
+            raise RuntimeError("coalescing: this block is already open")
+        self._open = True
+        _stack().append(self)
+        with _active_lock:
+            _active += 1
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        global _active
+        stack = _stack()
+        if stack and stack[-1] is self:
+            stack.pop()
+        elif self in stack:
+            stack.remove(self)
+        with _active_lock:
+            _active -= 1
+        self._open = False
+        if exc_type is not None:
+            err = RuntimeError(f"coalescing: the block raised {exc_type.__name__}; the queued "
+                               f"collectives were not sent")
+            for run in self._runs:
+                for p in run.items:
+                    p.future.set_exception(err)
+            self._runs = []
+            return False
+        self.flush()
+        if self._must_wait:
+            self.wait()
+        return False
+
+    def wait(self, timeout=None):
+        for w in self.works:
+            w.wait(timeout)
+        return True
+
+    # -- queueing -----------------------------------------------------------------
+    def _add(self, kind, key, tensor, view, code, async_op, desc):
+        if not self._open:
+            raise RuntimeError("coalescing: the block is closed")
+        if not self.group.is_member:
+            return None
+        run = self._runs[-1] if self._runs else None
+        ptr = (view.__array_interface__["data"][0], view.nbytes)
+        if run is None or run.kind != kind or run.key != key or ptr in run.ptrs:
+            run = _Run(kind, key)
+            self._runs.append(run)
+        run.ptrs.add(ptr)
+        p = _Pending(tensor, view, code, desc)
+        run.items.append(p)
+        self.calls += 1
+        if not async_op:
+            self._must_wait = True
+            return None
+        return Work(p.future, f"{desc} (coalesced on group {self.group.name!r})")
+
+    def broadcast(self, tensor, src=None, async_op=False, group_src=None):
+        g = self.group
+        root = api._root(g, src, group_src, "src")
+        view, code, _ = tensor_view(tensor, "tensor")
+        return self._add("broadcast", root, tensor, view, code, async_op, "broadcast")
+
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
+        op = as_reduce_op(op)
+        view, code, dtype = tensor_view(tensor, "tensor")
+        check_op(op, _OpCheck(view, code, dtype))
+        return self._add("all_reduce", op, tensor, view, code, async_op, "all_reduce")
+
+    def reduce(self, tensor, dst=None, op=ReduceOp.SUM, async_op=False, group_dst=None):
+        g = self.group
+        root = api._root(g, dst, group_dst, "dst")
+        op = as_reduce_op(op)
+        view, code, dtype = tensor_view(tensor, "tensor")
+        check_op(op, _OpCheck(view, code, dtype))
+        return self._add("reduce", (root, op), tensor, view, code, async_op, "reduce")
+
+    # -- flushing -------------------------------------------------------------------
+    def flush(self):
+        """Send everything queued so far (exit does this); returns the new Works."""
+        g, runs, self._runs = self.group, self._runs, []
+        new, touched = [], set()
+        for run in runs:
+            if run.ptrs & touched:
+                # a tensor of an earlier run again: its result must land before we pack
+                for w in new:
+                    w.wait()
+            touched |= run.ptrs
+            items = [(p.view, p.code, p) for p in run.items]
+            for b in plan_buckets(items, self.bucket_bytes):
+                new.append(self._issue(g, run, b))
+        # zero-size tensors need no bytes: done at once
+        for run in runs:
+            for p in run.items:
+                if p.view.size == 0 and not p.future.done():
+                    p.future.set_result(None)
+        self.works.extend(new)
+        self.collectives += len(new)
+        return new
+
+    def _issue(self, g, run, b):
+        kind, key = run.kind, run.key
+        me = g.rank
+        if b.direct:
+            target = b.user[0].tensor          # the caller's tensor as it is (bfloat16 too)
+            unpack = False
+        else:
+            b.allocate()
+            target = b.array
+            writes = kind == "all_reduce" or (kind == "broadcast" and me != key) or \
+                (kind == "reduce" and me == key[0])
+            if kind != "broadcast" or me == key:
+                b.pack()
+            unpack = writes
+        t = self.timeout
+        if kind == "broadcast":
+            w = api.broadcast(target, group=g, group_src=key, async_op=True, timeout=t)
+        elif kind == "all_reduce":
+            w = api.all_reduce(target, key, group=g, async_op=True, timeout=t)
+        else:
+            w = api.reduce(target, group=g, group_dst=key[0], op=key[1], async_op=True,
+                           timeout=t)
+
+        def done(f, b=b, unpack=unpack):
+            exc = f.exception()
+            if exc is None and unpack:
+                try:
+                    b.unpack()
+                except BaseException as e:      # noqa: BLE001 - handed to the Works
+                    exc = e
+            for p in b.user:
+                if exc is None:
+                    p.future.set_result(None)
+                else:
+                    p.future.set_exception(exc)
+        w.get_future().add_done_callback(done)
+        return w
+
+
+# -- the public functions, routed through an open block ---------------------------
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, timeout=None):
+    if _active:
+        c = _current(group)
+        if c is not None:
+            return c.broadcast(tensor, src, async_op, group_src)
+    return api.broadcast(tensor, src, group, async_op, group_src, timeout)
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None):
+    if _active:
+        c = _current(group)
+        if c is not None:
+            return c.all_reduce(tensor, op, async_op)
+    return api.all_reduce(tensor, op, group, async_op, timeout)
+
+
+def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None,
+           timeout=None):
+    if _active:
+        c = _current(group)
+        if c is not None:
+            return c.reduce(tensor, dst, op, async_op, group_dst)
+    return api.reduce(tensor, dst, op, group, async_op, group_dst, timeout)
+
+
+for _f, _orig in ((broadcast, api.broadcast), (all_reduce, api.all_reduce),
+                  (reduce, api.reduce)):
+    _f.__doc__ = (_orig.__doc__ or "") + "\n\nQueued instead when called in a coalescing() " \
+                                          "block of its group."
+del _f, _orig

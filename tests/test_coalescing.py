@@ -1,0 +1,131 @@
+"""coalescing(): small collectives queued in a block, flushed as a few bucketed ones."""
+import numpy as np
+import pytest
+
+from tests.harness import run_ranks
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _seq():
+    import accord.api
+    return accord.api._group(None)._seq
+
+
+def _all_reduce(rank, world):
+    import accord
+    f32 = [np.full(5 + i % 4, rank + i, np.float32) for i in range(100)]
+    f64 = [np.full((2, 3), rank * 0.5, np.float64) for _ in range(10)]
+    strided = np.full((4, 6), rank, np.int64)[:, ::2]
+    before = _seq()
+    with accord.coalescing() as c:
+        works = [accord.all_reduce(t, async_op=True) for t in f32]
+        for t in f64:
+            assert accord.all_reduce(t) is None
+        accord.all_reduce(strided, op=accord.ReduceOp.MAX)
+        assert _seq() == before                       # nothing sent yet
+        assert not any(w.is_completed() for w in works)
+        assert (f32[0] == rank).all()
+    used = _seq() - before
+    assert all(w.wait() for w in works)
+    tot = sum(range(world))
+    for i, t in enumerate(f32):
+        assert (t == tot + world * i).all(), (i, t)
+    assert all((t == tot * 0.5).all() for t in f64)
+    assert (strided == world - 1).all()
+    assert c.calls == 111 and c.collectives == used
+    return used
+
+
+def test_all_reduce_coalesced():
+    # one bucket per dtype; the MAX call is a different key: a run of its own
+    assert run_ranks(3, _all_reduce) == [3, 3, 3]
+
+
+def _mixed(rank, world):
+    import accord
+    a = np.full(3, rank + 1.0)
+    b = np.full(3, rank + 1.0)
+    big = np.full(300, float(rank))               # 2400 B >= bucket: alone, in place
+    small = [np.full(2, rank, np.int32) for _ in range(6)]
+    before = _seq()
+    with accord.coalescing(bucket_bytes=1000):
+        accord.all_reduce(a)
+        accord.all_reduce(a)                      # same tensor again: a new run
+        accord.broadcast(b, src=1)
+        accord.broadcast(big, src=1)
+        for t in small:
+            accord.reduce(t, dst=2, op=accord.ReduceOp.SUM)
+    used = _seq() - before
+    s = sum(r + 1.0 for r in range(world))
+    assert (a == s * world).all()                 # as if run one after the other
+    assert (b == 2.0).all() and (big == 1.0).all()
+    want = sum(range(world)) if rank == 2 else rank
+    assert all((t == want).all() for t in small)   # non-dst inputs untouched
+    return used
+
+
+def test_runs_keep_the_plain_calls_meaning():
+    # all_reduce(a) | all_reduce(a) | broadcast b + broadcast big | one reduce bucket
+    assert run_ranks(3, _mixed) == [5, 5, 5]
+
+
+def _torch(rank, world):
+    import torch
+    import accord
+    ts = [torch.full((4,), float(rank + i), dtype=torch.bfloat16) for i in range(8)]
+    fs = [torch.full((3,), float(rank)) for _ in range(8)]
+    p = torch.nn.Parameter(torch.full((2,), float(rank)))
+    with accord.coalescing() as c:
+        for t in ts + fs:
+            accord.all_reduce(t, op=accord.ReduceOp.AVG)
+        accord.broadcast(p, src=0)
+    mean = sum(range(world)) / world
+    for i, t in enumerate(ts):
+        assert t.dtype == torch.bfloat16
+        assert t.float().tolist() == [float(torch.tensor(mean + i).bfloat16())] * 4
+    assert all(f.tolist() == [mean] * 3 for f in fs)
+    assert p.tolist() == [0.0, 0.0] and p.requires_grad
+    return c.collectives
+
+
+def test_torch_tensors_bf16_coalesced():
+    pytest.importorskip("torch")
+    assert run_ranks(2, _torch) == [3, 3]
+
+
+def _raises(rank, world):
+    import accord
+    t = np.full(2, rank, np.float64)
+    w = None
+    try:
+        with accord.coalescing():
+            w = accord.all_reduce(t, async_op=True)
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    assert (t == rank).all()
+    with pytest.raises(RuntimeError, match="raised KeyError"):
+        w.wait()
+    accord.all_reduce(t)                          # the group still works
+    return t.tolist()
+
+
+def test_block_that_raises_sends_nothing():
+    assert run_ranks(2, _raises) == [[1.0, 1.0]] * 2
+
+
+def _other_group(rank, world):
+    import accord
+    sub = accord.new_group([0, 1])
+    x = np.full(1, rank, np.int64)
+    y = np.full(1, rank, np.int64)
+    with accord.coalescing(sub):
+        accord.all_reduce(x, group=sub)           # queued on sub (non-members: None)
+        accord.all_reduce(y)                      # default group: runs at once
+        assert y[0] == sum(range(world))
+    return int(x[0])
+
+
+def test_only_the_blocks_group_is_queued():
+    assert run_ranks(3, _other_group) == [1, 1, 2]
