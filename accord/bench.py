@@ -215,9 +215,29 @@ def availability(lib):
     return f"unknown library {lib}"
 
 
+def _source():
+    """' at commit abc1234' (+ ', with uncommitted changes') when accord runs from a git tree."""
+    if os.environ.get("ACCORD_BENCH_SOURCE"):          # e.g. a copy made with git archive
+        return " " + os.environ["ACCORD_BENCH_SOURCE"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, ".git")):
+        return ""
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "accord"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if not head:
+        return ""
+    return f" at commit {head}" + (", with uncommitted changes in accord/" if dirty else "")
+
+
 def describe_lib(lib, settings):
     if lib == "accord":
-        return f"accord {_version('accord') or ''} (ACCORD_TRANSPORT={settings.transport})"
+        return (f"accord {_version('accord') or ''}{_source()} "
+                f"(ACCORD_TRANSPORT={settings.transport})")
     if lib == "gloo":
         ifname = settings.env.get("GLOO_SOCKET_IFNAME", "lo")
         return f"torch {_version('torch')} gloo (GLOO_SOCKET_IFNAME={ifname})"
