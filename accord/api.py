@@ -56,6 +56,7 @@ def is_initialized():
 def _connect(g, store, addr, timeout):
     """Give member group g its transport, meeting its peers through store."""
     import time
+    g.store = store         # debug.py publishes this rank's position there
     # shared memory when every member shares this host, TCP otherwise (transport/factory.py)
     g.transport = build_transport(store, g.name, g.rank, g.size, g.describe_rank, g.options,
                                   addr, time.monotonic() + timeout)
@@ -267,7 +268,7 @@ def _same_size(a, b, arg, ref_arg):
 
 
 def _stamp(buf, root=-1, op=0, count=-1):
-    return (root, buf.dtype_code, int(op), count, buf.dtype_name)
+    return (root, buf.dtype_code, int(op), count, buf.dtype_name, buf.shape)
 
 
 def _run(g, opname, body, async_op, timeout, stamp_args):

@@ -12,8 +12,9 @@ import queue
 import threading
 import time
 
+from . import debug, debug_detail
 from .algorithms import Comm
-from .errors import AccordError, GroupClosed
+from .errors import AccordError, CommTimeout, GroupClosed
 from .transport.wire import OP_CODES, Stamp
 from .work import Work
 
@@ -25,15 +26,38 @@ class ProcessGroup:
         self.global_rank = global_rank
         self.rank = self.ranks.index(global_rank) if global_rank in self.ranks else -1
         self.size = len(self.ranks)
+        self.options = options
+        self.store = None                          # where positions are published (debug.py)
+        self.recorder = debug.Recorder()
+        self._transport = None
         self.transport = transport
         self.timeout = timeout
-        self.options = options
         self._seq = 0
         self._issue_lock = threading.Lock()
         self._pending = 0
         self._queue = None
         self._worker = None
         self._closed = None
+
+    @property
+    def transport(self):
+        return self._transport
+
+    @transport.setter
+    def transport(self, t):
+        self._transport = t
+        if t is not None:
+            # what a Desync message needs: this rank's past calls, call sites' text
+            t.history = self._history
+            t.site_text = self._site_text
+            debug.register(self)
+
+    def _history(self, seq):
+        e = self.recorder.find(seq)
+        return debug.describe_entry(e) if e is not None else None
+
+    def _site_text(self, site):
+        return debug.site_text(site)
 
     # -- identity ----------------------------------------------------------
     @property
@@ -71,15 +95,23 @@ class ProcessGroup:
         """Run body(comm) in issue order. stamp_args: root, dtype, redop, count."""
         self.check_open()
         timeout = self.timeout if timeout is None else timeout
+        site, where = debug.call_site()
         with self._issue_lock:
             if p2p:
                 stamp = None
+                entry = self.recorder.add(None, opname, -1, "", -1, None, where)
             else:
-                stamp = Stamp(OP_CODES[opname], self._seq, *(stamp_args or ()))
-                self._seq += 1
+                seq = self._seq
+                stamp = Stamp(OP_CODES[opname], seq, *(stamp_args or ()), site=site, where=where)
+                entry = self.recorder.add(seq, opname, stamp.root if stamp.root < 0 else
+                                          self.ranks[stamp.root], stamp.dtype_name, stamp.count,
+                                          stamp.shape, where)
+                self._seq = seq + 1
             desc = f"{opname} #{stamp.seq}" if stamp else opname
+            if self.options is not None and self.options.debug == "DETAIL" and stamp:
+                body = debug_detail.wrap(self, opname, stamp, body)
             if not async_op and self._pending == 0:
-                return self._execute(desc, body, stamp, timeout)
+                return self._execute(desc, body, stamp, timeout, entry)
             self._pending += 1
             fut = concurrent.futures.Future()
             if self._worker is None:
@@ -87,7 +119,7 @@ class ProcessGroup:
                 self._worker = threading.Thread(target=self._work, name=f"accord-{self.name}",
                                                 daemon=True)
                 self._worker.start()
-            self._queue.put((desc, body, stamp, timeout, fut))
+            self._queue.put((desc, body, stamp, timeout, fut, entry))
         if async_op:
             return Work(fut, f"{desc} on group {self.name!r}")
         return fut.result()
@@ -97,28 +129,60 @@ class ProcessGroup:
             item = self._queue.get()
             if item is None:
                 return
-            desc, body, stamp, timeout, fut = item
+            desc, body, stamp, timeout, fut, entry = item
             if fut.set_running_or_notify_cancel():
                 try:
-                    fut.set_result(self._execute(desc, body, stamp, timeout))
+                    fut.set_result(self._execute(desc, body, stamp, timeout, entry))
                 except BaseException as e:      # delivered through the Work
                     fut.set_exception(e)
             with self._issue_lock:
                 self._pending -= 1
 
-    def _execute(self, desc, body, stamp, timeout):
+    def _execute(self, desc, body, stamp, timeout, entry):
+        rec = self.recorder
         if self._closed is not None:
+            entry[debug.STATE] = debug.FAILED
             raise self._closed_error()
         t = self.transport
         t.op_desc = f"{desc} (group {self.name!r})"
+        entry[debug.T_START] = time.time()
+        entry[debug.STATE] = debug.RUNNING
+        rec.current = entry
+        rec.changes += 1
         deadline = time.monotonic() + timeout
         try:
-            return body(Comm(t, stamp, deadline) if stamp else deadline)
+            result = body(Comm(t, stamp, deadline) if stamp else deadline)
         except AccordError as e:
+            entry[debug.STATE] = debug.FAILED
+            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
+            e = self._explain(e, entry)
             self._break(e)
+            debug.on_error(self, e)
+            raise e
+        except BaseException as e:
+            entry[debug.STATE] = debug.FAILED
+            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
             raise
+        else:
+            entry[debug.T_END] = time.time()
+            entry[debug.STATE] = debug.DONE
+            rec.last_done = entry
+            return result
         finally:
+            rec.current = None
+            rec.changes += 1
             t.op_desc = ""
+
+    def _explain(self, e, entry):
+        """A local timeout grows the stuck-rank table (reported ones already carry it)."""
+        if type(e) is CommTimeout and "[reported by" not in str(e) and entry[debug.SEQ] is not None:
+            report = debug.stuck_report(self, entry)
+            if report:
+                new = CommTimeout(f"{e}{report}")
+                new.__cause__ = e.__cause__
+                new.__traceback__ = e.__traceback__
+                return new
+        return e
 
     def _break(self, exc):
         """A failed collective leaves the stream inconsistent: stop the group everywhere."""
@@ -128,6 +192,7 @@ class ProcessGroup:
 
     # -- shutdown ----------------------------------------------------------
     def destroy(self):
+        debug.unregister(self)
         if self._worker is not None:
             self._queue.put(None)
             if self._worker is not threading.current_thread():

@@ -15,10 +15,11 @@ import socket
 import time
 
 from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
-from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, decode_error, describe_header,
-                   encode_error)
+from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, abort_header, decode_error,
+                   desync_text, encode_error, header_problem)
 
 _RBUF = 1 << 16          # reads of small messages land here first: one syscall per message
+_STASH_STEP = 1 << 20    # a stashed message's buffer grows as its bytes arrive, never on faith
 _POLL_SLICE_MS = 1000
 _IDLE_MASK = select.POLLRDHUP | select.POLLERR | select.POLLHUP
 _EOF_ERRNOS = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ECONNABORTED, errno.ETIMEDOUT)
@@ -39,6 +40,26 @@ class _Send:
         self.peer = peer
         self.parts = [memoryview(header), payload] if len(payload) else [memoryview(header)]
         self.done = False
+
+
+class _Stash:
+    """A message read before anyone asked for it; its buffer grows with the bytes."""
+    __slots__ = ("length", "buf")
+
+    def __init__(self, h):
+        self.length = h[7]
+        self.buf = bytearray(min(self.length, _STASH_STEP))
+
+    def view(self):
+        return memoryview(self.buf)
+
+    def grow(self, view):
+        view.release()
+        self.buf.extend(bytes(min(self.length - len(self.buf), max(len(self.buf), _STASH_STEP))))
+        return memoryview(self.buf)
+
+    def data(self):
+        return memoryview(self.buf)
 
 
 class Link:
@@ -88,6 +109,12 @@ class Link:
             raise reason
         if self.departed:
             why = "left the group (destroyed it or exited) while this rank still needed it"
+        else:
+            # a peer that hangs up mid-message could not frame an ABORT: it may be reacting to
+            # another peer's death or abort, which is the story worth telling
+            other = self.t.first_cause(self)
+            if other is not None:
+                raise other
         raise self.t.peer_lost(self.peer, why)
 
     def _last_words(self, limit=64 << 20):
@@ -108,6 +135,8 @@ class Link:
         while pos + HEADER_SIZE <= len(data):
             h = HEADER.unpack_from(data, pos)
             pos += HEADER_SIZE
+            if header_problem(h) is not None:
+                return None
             if h[0] == ABORT:
                 return decode_error(data[pos:pos + h[7]], self.t.peer_desc(self.peer))
             if h[0] == BYE:
@@ -133,9 +162,6 @@ class Link:
                     continue
                 h = HEADER.unpack_from(self.rbuf, self.rstart)
                 self.rstart += HEADER_SIZE
-                if h[0] == BYE:
-                    self.departed = True
-                    continue
                 self.incoming = self._route(h)
             h, dest, off, owner = self.incoming
             need = len(dest) - off
@@ -147,7 +173,10 @@ class Link:
                 off += k
                 need -= k
                 moved = True
-            while need:
+            while need or owner.__class__ is _Stash and off < owner.length:
+                if not need:
+                    dest = owner.grow(dest)
+                    need = len(dest) - off
                 if need < _RBUF:
                     if not self._fill_rbuf():
                         self.incoming = (h, dest, off, owner)
@@ -175,33 +204,41 @@ class Link:
 
     def _route(self, h):
         kind, length = h[0], h[7]
-        if kind == ABORT:
-            return (h, memoryview(bytearray(length)), 0, "abort")
         head = self.posted[0] if self.posted else None
         if kind == COLL and head is not None and head.stamp is not None:
+            # the common case: the awaited message; a match vouches for the header
+            if head.stamp.matches(h) and length == head.length:
+                return (h, head.dest, 0, head)
+            problem = header_problem(h)
+            if problem is not None:
+                raise self.t.corrupt(self.peer, h, problem)
             if not head.stamp.matches(h):
                 raise self.t.desync(self.peer, head.stamp, h)
-            if length != head.length:
-                raise self.t.desync(self.peer, head.stamp, h,
-                                    f"it sent {length} bytes where this rank expects "
-                                    f"{head.length}")
-            return (h, head.dest, 0, head)
+            raise self.t.desync(self.peer, head.stamp, h,
+                                f"it sent {length} bytes where this rank expects {head.length}")
+        problem = header_problem(h)
+        if problem is not None:
+            raise self.t.corrupt(self.peer, h, problem)
+        if kind == ABORT or kind == BYE:
+            return (h, memoryview(bytearray(length)), 0, "abort" if kind == ABORT else "bye")
         if kind == P2P:
             for r in self.posted:
                 if r.tag is not None and r.tag == h[5]:
                     if length != r.length:
                         raise self.t.p2p_size_mismatch(self.peer, h, r)
                     return (h, r.dest, 0, r)
-        if kind not in (COLL, P2P):
-            raise self.t.peer_lost(self.peer, f"sent a corrupt header (kind {kind})")
-        return (h, memoryview(bytearray(length)), 0, "stash")
+        stash = _Stash(h)
+        return (h, stash.view(), 0, stash)
 
     def _complete(self, h, dest, owner):
-        if owner == "abort":
+        if owner.__class__ is str:
+            if owner == "bye":
+                self.departed = True
+                return
             self.eof = True
             raise decode_error(dest, self.t.peer_desc(self.peer))
-        if owner == "stash":
-            self.stash.append((h, dest))
+        if owner.__class__ is _Stash:
+            self.stash.append((h, owner.data()))
             return
         owner.done = True
         self.posted.remove(owner)
@@ -269,6 +306,9 @@ class TcpTransport:
             self.links[peer] = Link(sock, peer, self)
         self.broken = None
         self.op_desc = ""                        # the call in progress, for error messages
+        self.history = None                      # seq -> this rank's call then (set by the group)
+        self.site_text = None                    # site id -> "file:line" (set by the group)
+        self.active = None                       # (recvs, sends) being progressed, for reports
 
     # -- errors ------------------------------------------------------------
     def peer_desc(self, peer):
@@ -283,10 +323,38 @@ class TcpTransport:
                         f"(did that process exit or crash?)", peer=peer)
 
     def desync(self, peer, stamp, h, detail=""):
-        extra = f"; {detail}" if detail else ""
-        return Desync(f"{self._here()}: ranks disagree: this rank ({self.describe_rank(self.rank)}) "
-                      f"called {stamp.describe()}, but {self.peer_desc(peer)} called "
-                      f"{describe_header(h)}{extra}")
+        return Desync(f"{self._here()}: " + desync_text(stamp, self.peer_desc(peer), h, detail,
+                                                         self.history, self.site_text))
+
+    def first_cause(self, hung_up):
+        """Another link's ABORT or crash, seen without waiting; None if all look alive."""
+        p = select.poll()
+        fds = {}
+        for link in self.links.values():
+            if link is not hung_up and not link.eof:
+                p.register(link.fd, _IDLE_MASK)
+                fds[link.fd] = link
+        try:
+            ready = p.poll(50) if fds else []
+        except OSError:
+            return None
+        for fd, ev in ready:
+            link = fds[fd]
+            if ev & _IDLE_MASK:
+                link.eof = True
+                reason = link._last_words()
+                if reason is not None:
+                    return reason
+                if not link.departed:
+                    return self.peer_lost(link.peer, f"closed the connection (and "
+                                          f"{self.peer_desc(hung_up.peer)} hung up on this rank "
+                                          f"as well)")
+        return None
+
+    def corrupt(self, peer, h, problem):
+        return PeerLost(f"{self._here()}: {self.peer_desc(peer)} sent a corrupt message header "
+                        f"({problem}; header {tuple(h)}); the connection cannot be trusted",
+                        peer=peer)
 
     def p2p_size_mismatch(self, peer, h, r):
         return Desync(f"{self._here()}: {self.peer_desc(peer)} sent {h[7]} bytes with tag {h[5]} "
@@ -327,6 +395,7 @@ class TcpTransport:
 
     def _progress(self, recvs, sends, deadline, drain_while_sending=False):
         links = self.links
+        self.active = (recvs, sends)
         try:
             while True:
                 moved = False
@@ -413,7 +482,7 @@ class TcpTransport:
                 if not link.send_partial and not link.eof:
                     link.sock.setblocking(True)
                     link.sock.settimeout(0.2)
-                    link.sock.sendall(HEADER.pack(ABORT, 0, 0, 0, -1, 0, -1, len(msg)) + msg)
+                    link.sock.sendall(abort_header(len(msg)) + msg)
             except OSError:
                 pass
             self._hang_up(link)

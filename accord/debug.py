@@ -1,0 +1,386 @@
+"""Never hang, always explain: call sites, flight recorder, positions, stuck-rank reports.
+
+Everything here is off the per-call hot path or costs a few hundred
+nanoseconds on it:
+
+- `call_site()` names the user's file:line of a collective (cached per
+  code location); its 23-bit id rides in every message stamp, so a Desync
+  can name the peer's line too.
+- `Recorder`: the last N calls of a group (a deque of small lists). Dumped as
+  JSON to ACCORD_TRACE_DIR on a timeout, on any communication error, and on
+  SIGUSR1; `accord debug analyze DIR` reads the dumps of every rank and prints
+  the first call where they diverge.
+- Positions: a daemon thread per process publishes, at most every PERIOD
+  seconds and only when something changed, where each of its groups stands
+  (last call entered and completed, whom it waits on) to the group's store.
+  No call ever waits on the store for this.
+- `stuck_report()`: when a call times out, the rank reads every member's
+  position back and says who never entered the call and who waits in it.
+"""
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+import zlib
+
+log = logging.getLogger("accord")
+
+PERIOD = 0.25            # seconds between position publications (when changed)
+RECORD = 2000            # calls kept per group by the flight recorder
+_ACCORD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_SKIP = (_ACCORD_DIR, os.sep + "torch" + os.sep)
+SITE_MASK = (1 << 23) - 1
+
+# -- call sites -------------------------------------------------------------------
+
+_sites = {}          # (filename, lineno) -> (site id, "file:line")
+_site_text = {}      # site id -> "file:line"
+
+
+def call_site(depth=2):
+    """(site id, 'file:line') of the nearest caller outside accord (and torch)."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return 0, ""
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_SKIP[0]) and _SKIP[1] not in name:
+            break
+        f = f.f_back
+    if f is None:
+        return 0, ""
+    key = (f.f_code.co_filename, f.f_lineno)
+    hit = _sites.get(key)
+    if hit is None:
+        text = f"{os.path.basename(key[0])}:{key[1]}"
+        site = (zlib.crc32(f"{key[0]}:{key[1]}".encode()) & SITE_MASK) or 1
+        hit = _sites[key] = (site, text)
+        _site_text.setdefault(site, text)
+    return hit
+
+
+def site_text(site):
+    """'file:line' for a site id this process knows (peers run the same code)."""
+    return _site_text.get(site)
+
+
+# -- the flight recorder ------------------------------------------------------------
+
+# an entry is a list (cheap to build, mutable in place):
+SEQ, OP, ROOT, DTYPE, COUNT, SHAPE, WHERE, T_ISSUE, T_START, T_END, STATE, ERROR = range(12)
+ISSUED, RUNNING, DONE, FAILED = "issued", "running", "done", "failed"
+_FIELDS = ("seq", "op", "root", "dtype", "count", "shape", "where", "t_issue", "t_start",
+           "t_end", "state", "error")
+
+
+class Recorder:
+    """The last RECORD calls of one group, and where the group stands."""
+
+    def __init__(self, size=RECORD):
+        import collections
+        self.entries = collections.deque(maxlen=size)
+        self.current = None          # the entry running now
+        self.last_done = None        # the last entry completed
+        self.changes = 0             # bumped on every state change (for the publisher)
+
+    def add(self, seq, op, root, dtype, count, shape, where):
+        e = [seq, op, root, dtype, count, shape, where, time.time(), None, None, ISSUED, None]
+        self.entries.append(e)
+        return e
+
+    def find(self, seq):
+        for e in reversed(self.entries):
+            if e[SEQ] == seq:
+                return e
+        return None
+
+    def as_dicts(self):
+        return [dict(zip(_FIELDS, e)) for e in list(self.entries)]
+
+
+def describe_entry(e):
+    from .transport.wire import describe
+    from .transport.wire import OP_CODES
+    text = describe(OP_CODES.get(e[OP], 0), e[SEQ], -1, e[DTYPE] or "", e[COUNT],
+                    e[SHAPE])
+    if e[OP] not in OP_CODES:
+        text = f"{e[OP]} " + text.split(" ", 1)[1]
+    if e[ROOT] is not None and e[ROOT] >= 0:
+        text = text.replace(f"#{e[SEQ]}", f"#{e[SEQ]}, root rank {e[ROOT]}", 1)
+    return f"{text} at {e[WHERE]}" if e[WHERE] else text
+
+
+# -- groups this process belongs to -------------------------------------------------
+
+_groups = weakref.WeakSet()
+_lock = threading.Lock()
+_publisher = None
+_options_done = False
+
+
+def register(group):
+    """Called when a member group gets its transport (and store)."""
+    global _publisher
+    with _lock:
+        _groups.add(group)
+        if getattr(group, "store", None) is not None and _publisher is None:
+            _publisher = threading.Thread(target=_publish_loop, name="accord-positions",
+                                          daemon=True)
+            _publisher.start()
+    _install_signal(group.options)
+    setup_logging(group.options, group.global_rank)
+
+
+def unregister(group):
+    with _lock:
+        _groups.discard(group)
+
+
+# -- positions ------------------------------------------------------------------------
+
+def _key(group, rank):
+    return f"{group.name}/debug/pos/{rank}"
+
+
+def position(group):
+    """What the rest of the group should know about where this rank stands."""
+    rec = group.recorder
+    cur, done = rec.current, rec.last_done
+    now = time.time()
+    pos = {"rank": group.global_rank, "pid": os.getpid(), "host": socket.gethostname(),
+           "time": now, "seq": group._seq,
+           "entered": None, "completed": None, "waiting_on": [], "elsewhere": []}
+    if cur is not None:
+        pos["entered"] = {"seq": cur[SEQ], "desc": describe_entry(cur),
+                          "since": cur[T_START]}
+        t = group.transport
+        active = getattr(t, "active", None)
+        if active:
+            recvs, sends = active
+            peers = sorted({group.ranks[r.peer] for r in recvs if not r.done} |
+                           {group.ranks[s.peer] for s in sends if not s.done})
+            pos["waiting_on"] = peers
+    if done is not None:
+        pos["completed"] = {"seq": done[SEQ], "desc": describe_entry(done), "at": done[T_END]}
+    for other in list(_groups):
+        if other is not group and other.recorder.current is not None:
+            c = other.recorder.current
+            pos["elsewhere"].append(f"{describe_entry(c)} in group {other.name!r}")
+    return pos
+
+
+def publish(group):
+    store = getattr(group, "store", None)
+    if store is None or not group.is_member:
+        return
+    pos = position(group)
+    pos["sites"] = {str(k): v for k, v in list(_site_text.items())[:500]}
+    store.set(_key(group, group.rank), json.dumps(pos))
+
+
+def _publish_loop():
+    seen = {}
+    while True:
+        time.sleep(PERIOD)
+        for g in list(_groups):
+            if g._closed is not None or getattr(g, "store", None) is None:
+                continue
+            rec = g.recorder
+            mark = (rec.changes, id(rec.current), len(_site_text))
+            if seen.get(id(g)) == mark:
+                continue
+            try:
+                publish(g)
+                seen[id(g)] = mark
+            except Exception:       # the store went away (shutdown): nothing to tell
+                pass
+
+
+def _read_positions(group):
+    out = {}
+    store = group.store
+    for r in range(group.size):
+        key = _key(group, r)
+        try:
+            if store.check([key]):
+                out[r] = json.loads(store.get(key))
+        except Exception:
+            pass
+    return out
+
+
+def peer_site_text(group, peer, site):
+    """A peer's call site text: own table first (same program), else its published one."""
+    text = _site_text.get(site)
+    if text is None and getattr(group, "store", None) is not None:
+        pos = _read_positions_one(group, peer)
+        if pos:
+            text = pos.get("sites", {}).get(str(site))
+    return text
+
+
+def _read_positions_one(group, r):
+    try:
+        key = _key(group, r)
+        if group.store.check([key]):
+            return json.loads(group.store.get(key))
+    except Exception:
+        pass
+    return None
+
+
+def _ago(t, now):
+    return f"{max(0.0, now - t):.1f} s" if t else "?"
+
+
+def stuck_report(group, entry):
+    """The table a CommTimeout shows: each member's last call entered and completed."""
+    if getattr(group, "store", None) is None:
+        return ""
+    try:
+        publish(group)
+        # peers publish within PERIOD of a change: give a just-stalled one that long
+        started = entry[T_START] or time.time()
+        wait = PERIOD * 1.5 - (time.time() - started)
+        if wait > 0:
+            time.sleep(wait)
+        positions = _read_positions(group)
+    except Exception as e:
+        return f"\n(no stuck-rank report: the store could not be read: {e})"
+    now = time.time()
+    seq = entry[SEQ]
+    lines = [f"\nwhere each rank of group {group.name!r} stands (this rank timed out in "
+             f"{describe_entry(entry)}):"]
+    never, waiting, unknown = [], [], []
+    for r in range(group.size):
+        glob = group.ranks[r]
+        pos = positions.get(r)
+        if pos is None:
+            lines.append(f"  rank {glob}: no position published (hung before its first call?)")
+            unknown.append(glob)
+            continue
+        ent, comp = pos.get("entered"), pos.get("completed")
+        parts = []
+        if ent is not None:
+            w = ent.get("since")
+            parts.append(f"waiting in {ent['desc']} for {_ago(w, now)}"
+                         + (f" (on rank{'s' if len(pos['waiting_on']) > 1 else ''} "
+                            f"{', '.join(map(str, pos['waiting_on']))})"
+                            if pos.get("waiting_on") else ""))
+        else:
+            parts.append("not inside a call of this group"
+                         + (f" since {_ago(comp.get('at'), now)}" if comp else ""))
+        parts.append(f"last completed {comp['desc']}" if comp else "completed no call yet")
+        if pos.get("elsewhere"):
+            parts.append("busy in " + "; ".join(pos["elsewhere"]))
+        lines.append(f"  rank {glob}: " + "; ".join(parts))
+        entered_seq = ent["seq"] if ent is not None else None
+        done_seq = comp["seq"] if comp is not None else -1
+        if entered_seq == seq:
+            waiting.append(glob)
+        elif (entered_seq is None or entered_seq < seq) and done_seq < seq:
+            never.append(glob)
+    name = describe_entry(entry).split(",")[0].split(" at ")[0]
+    summary = []
+    if never:
+        summary.append(f"{_ranks(never)} never entered {name}")
+    if waiting:
+        summary.append(f"{_ranks(waiting)} {'is' if len(waiting) == 1 else 'are'} waiting in it")
+    if summary:
+        lines.append("; ".join(summary) + ".")
+    return "\n".join(lines)
+
+
+def _ranks(rs):
+    rs = sorted(rs)
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    if rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 2:
+        return f"ranks {rs[0]}\u2013{rs[-1]}"
+    return "ranks " + ", ".join(map(str, rs))
+
+
+# -- dumps -------------------------------------------------------------------------------
+
+def dump(reason, trace_dir=None, groups=None):
+    """Write this rank's flight recorder to trace_dir/rank<R>.json; return the path."""
+    groups = list(_groups) if groups is None else groups
+    if not groups:
+        return None
+    trace_dir = trace_dir or groups[0].options.trace_dir if groups[0].options else trace_dir
+    if not trace_dir:
+        return None
+    rank = groups[0].global_rank
+    data = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
+            "reason": reason, "groups": {}}
+    for g in groups:
+        data["groups"][g.name] = {"ranks": g.ranks, "rank": g.rank, "size": g.size,
+                                  "seq": g._seq, "ops": g.recorder.as_dicts()}
+    os.makedirs(trace_dir, exist_ok=True)
+    path = os.path.join(trace_dir, f"rank{rank}.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, default=str)
+    os.replace(tmp, path)
+    return path
+
+
+def on_error(group, exc):
+    """A call failed: dump the flight recorder if ACCORD_TRACE_DIR is set."""
+    opts = group.options
+    if opts is None or not opts.trace_dir:
+        return
+    try:
+        path = dump(f"{type(exc).__name__}: {exc}", opts.trace_dir)
+        if path:
+            log.warning("rank %s: flight recorder written to %s", group.global_rank, path)
+    except Exception as e:      # never mask the real error
+        log.warning("rank %s: could not write the flight recorder: %s", group.global_rank, e)
+
+
+_signal_installed = False
+
+
+def _install_signal(options):
+    global _signal_installed
+    if _signal_installed or options is None or not options.trace_dir:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+            return              # the program handles SIGUSR1 itself
+        signal.signal(signal.SIGUSR1, _on_sigusr1)
+        _signal_installed = True
+    except (ValueError, OSError, AttributeError):
+        pass
+
+
+def _on_sigusr1(signum, frame):
+    try:
+        path = dump("SIGUSR1")
+        if path:
+            sys.stderr.write(f"accord: flight recorder written to {path}\n")
+    except Exception as e:
+        sys.stderr.write(f"accord: could not write the flight recorder: {e}\n")
+
+
+# -- the logger --------------------------------------------------------------------------
+
+def setup_logging(options, rank):
+    """ACCORD_DEBUG=INFO/DETAIL: log accord's lines to stderr, prefixed with the rank."""
+    if options is None or options.debug == "OFF":
+        return
+    if any(getattr(h, "_accord", False) for h in log.handlers):
+        return
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter(f"[accord rank {rank}] %(levelname)s %(message)s"))
+    h._accord = True
+    log.addHandler(h)
+    log.setLevel(logging.INFO)
