@@ -334,6 +334,7 @@ class ShmTransport:
         self._doorbell_i = (me + _R_DOORBELL) // 4
         self._doorbell = self.base + me + _R_DOORBELL
         self.links = {p: _Link(self, p) for p in range(size) if p != rank}
+        self.arena_path = ""
         self._pidfds = {}
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
@@ -712,6 +713,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
             raise AccordError(f"{describe_rank(rank)}: the shared-memory arena of group "
                               f"{prefix!r} does not match this rank's layout")
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
+        t.arena_path = os.path.join(SHM_DIR, name)      # for tests and messages
         me = t.rank_offset(rank)
         arena.q[(me + _R_PID) // 8] = os.getpid()
         import ctypes

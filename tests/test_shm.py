@@ -1,0 +1,376 @@
+"""The shared-memory transport: the collective grid over it, streaming through a
+small arena, single-copy on and off, 8 ranks on 2 cores, point-to-point,
+mixed-host layouts, and cleanup of /dev/shm after exits, errors and SIGKILL."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import accord as dist
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+SHM = {"ACCORD_TRANSPORT": "shm"}
+# 16 KiB rings, no single-copy: every message above that streams through the ring
+SMALL_ARENA = {**SHM, "ACCORD_SHM_ARENA": "64K", "ACCORD_SHM_CMA": "0"}
+# single-copy from 4 KiB up
+CMA_EARLY = {**SHM, "ACCORD_SHM_CMA": "4K"}
+
+
+def _transport():
+    from accord import api
+    return api._world.default.transport
+
+
+def _data(rank, n, dtype, salt=0):
+    return ((np.arange(n) % 997) * (rank + 1) + rank + salt).astype(dtype)
+
+
+def _grid(rank, world, sizes):
+    """Every collective against a numpy reference; returns the transport's class name."""
+    name = type(_transport()).__name__
+    for n in sizes:
+        for dt in (np.float32, np.int64):
+            everyone = [_data(r, n, dt) for r in range(world)]
+            for root in range(world):
+                x = everyone[root].copy() if rank == root else np.zeros(n, dt)
+                dist.broadcast(x, src=root)
+                assert np.array_equal(x, everyone[root]), ("broadcast", n, root)
+            x = everyone[rank].copy()
+            dist.all_reduce(x)
+            assert np.array_equal(x, np.sum(everyone, axis=0, dtype=dt)), ("all_reduce", n)
+            x = everyone[rank].copy()
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+            assert np.array_equal(x, np.max(everyone, axis=0)), ("all_reduce max", n)
+            outs = [np.zeros(n, dt) for _ in range(world)]
+            dist.all_gather(outs, everyone[rank])
+            assert all(np.array_equal(o, e) for o, e in zip(outs, everyone)), ("all_gather", n)
+            out = np.zeros(n * world, dt)
+            dist.all_gather_into_tensor(out, everyone[rank])
+            assert np.array_equal(out, np.concatenate(everyone)), ("all_gather_into", n)
+            big = [_data(r, n * world, dt, 3) for r in range(world)]
+            out = np.zeros(n, dt)
+            dist.reduce_scatter_tensor(out, big[rank])
+            assert np.array_equal(out, np.sum(big, axis=0, dtype=dt)[rank * n:(rank + 1) * n]), \
+                ("reduce_scatter", n)
+            root = world - 1
+            x = everyone[rank].copy()
+            dist.reduce(x, dst=root)
+            if rank == root:
+                assert np.array_equal(x, np.sum(everyone, axis=0, dtype=dt)), ("reduce", n)
+            gl = [np.zeros(n, dt) for _ in range(world)] if rank == 0 else None
+            dist.gather(everyone[rank], gl, dst=0)
+            if rank == 0:
+                assert all(np.array_equal(o, e) for o, e in zip(gl, everyone)), ("gather", n)
+            pieces = [_data(r, n, dt, 7) for r in range(world)]
+            x = np.zeros(n, dt)
+            dist.scatter(x, pieces if rank == root else None, src=root)
+            assert np.array_equal(x, pieces[rank]), ("scatter", n)
+            src = [_data(r, n * world, dt, 11) for r in range(world)]
+            out = np.zeros(n * world, dt)
+            dist.all_to_all_single(out, src[rank])
+            want = np.concatenate([src[p][rank * n:(rank + 1) * n] for p in range(world)])
+            assert np.array_equal(out, want), ("all_to_all_single", n)
+            dist.barrier()
+    return name
+
+
+SIZES = [0, 1, 7, 300_001]      # the last is 1.2 MB: larger than a small arena's rings
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_grid_over_shm(world):
+    names = run_ranks(world, _grid, SIZES, env=SHM, timeout=150)
+    assert set(names) == ({"ShmTransport"} if world > 1 else {names[0]})
+
+
+@pytest.mark.parametrize("env", [SMALL_ARENA, CMA_EARLY], ids=["stream-small-arena", "cma-4k"])
+def test_grid_streaming_and_single_copy(env):
+    names = run_ranks(3, _grid, [1, 5000, 300_001], env=env, timeout=150)
+    assert set(names) == {"ShmTransport"}
+
+
+def test_eight_ranks_on_two_cores():
+    t0 = time.monotonic()
+    names = run_ranks(8, _grid, [0, 7, 40_001], env=SHM, timeout=200)
+    assert set(names) == {"ShmTransport"}
+    assert time.monotonic() - t0 < 180
+
+
+def _p2p(rank, world):
+    peer = 1 - rank
+    # out-of-order tags: the first message waits in the stash
+    if rank == 0:
+        dist.send(np.arange(5, dtype=np.int32), dst=1, tag=1)
+        dist.send(np.arange(3, dtype=np.int32), dst=1, tag=2)
+    else:
+        b = np.zeros(3, np.int32)
+        a = np.zeros(5, np.int32)
+        dist.recv(b, src=0, tag=2)
+        dist.recv(a, src=0, tag=1)
+        assert np.array_equal(a, np.arange(5)) and np.array_equal(b, np.arange(3))
+    # both ranks send large messages to each other at once (must not deadlock)
+    for n in (3 << 20, 100_003):
+        mine = np.full(n, rank + 1, np.uint8)
+        theirs = np.zeros(n, np.uint8)
+        ws = dist.isend(mine, dst=peer)
+        wr = dist.irecv(theirs, src=peer)
+        ws.wait()
+        wr.wait()
+        assert (theirs == peer + 1).all()
+        # and with blocking calls in the same order on both sides
+        theirs[:] = 0
+        w = dist.isend(mine, dst=peer)
+        dist.recv(theirs, src=peer)
+        w.wait()
+        assert (theirs == peer + 1).all()
+    # a collective message overtakes an awaited point-to-point one (the root of a
+    # broadcast sends without waiting; rank 1 meets it while it waits for tag 9)
+    x = np.full(4, rank + 1.0, np.float32)
+    if rank == 1:
+        got = np.zeros(2, np.float64)
+        w = dist.irecv(got, src=0, tag=9)
+        dist.broadcast(x, src=0)
+        w.wait()
+        assert np.array_equal(got, [1.5, 2.5])
+    else:
+        dist.broadcast(x, src=0)
+        dist.send(np.array([1.5, 2.5]), dst=1, tag=9)
+    assert np.array_equal(x, [1, 1, 1, 1])
+    return True
+
+
+@pytest.mark.parametrize("env", [SHM, SMALL_ARENA, CMA_EARLY], ids=["default", "small", "cma"])
+def test_point_to_point(env):
+    assert run_ranks(2, _p2p, env=env, timeout=90) == [True, True]
+
+
+def _async_and_subgroups(rank, world):
+    xs = [np.full(1000 + i, rank + i, np.float64) for i in range(6)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    b = np.arange(70_000, dtype=np.float32) if rank == 0 else np.zeros(70_000, np.float32)
+    wb = dist.broadcast(b, src=0, async_op=True)
+    for w in works:
+        w.wait()
+    wb.wait()
+    for i, x in enumerate(xs):
+        assert (x == sum(r + i for r in range(world))).all()
+    assert np.array_equal(b, np.arange(70_000, dtype=np.float32))
+    evens = dist.new_group([r for r in range(world) if r % 2 == 0])
+    odds = dist.new_group([r for r in range(world) if r % 2 == 1])
+    mine = evens if rank % 2 == 0 else odds
+    assert type(mine.transport).__name__ == "ShmTransport"
+    y = np.full(3, rank, np.int64)
+    dist.all_reduce(y, group=mine)
+    assert (y == sum(r for r in range(world) if r % 2 == rank % 2)).all()
+    sub, _ = dist.new_subgroups(2)
+    z = np.full(5, rank, np.int64)
+    w = dist.all_reduce(z, group=sub, async_op=True)
+    w.wait()
+    assert (z == (rank // 2) * 4 + 1).all()
+    dist.barrier()
+    return True
+
+
+def test_async_ops_and_subgroups():
+    assert run_ranks(4, _async_and_subgroups, env=SHM, timeout=90) == [True] * 4
+
+
+# -- layouts over several (simulated) hosts ----------------------------------------
+
+def _mixed(rank, world, layout, transport):
+    os.environ["ACCORD_HOST_ID"] = layout[rank]
+    os.environ["ACCORD_TRANSPORT"] = transport
+    dist.init_process_group()
+    try:
+        default_kind = type(_transport()).__name__
+        _grid(rank, world, [0, 7, 20_001])
+        hosts = sorted(set(layout))
+        groups = {h: dist.new_group([r for r in range(world) if layout[r] == h]) for h in hosts}
+        g = groups[layout[rank]]
+        x = np.full(9, rank, np.int64)
+        dist.all_reduce(x, group=g)
+        members = [r for r in range(world) if layout[r] == layout[rank]]
+        assert (x == sum(members)).all()
+        return default_kind, type(g.transport).__name__
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", [["a", "a", "b", "b"], ["a", "a", "a", "b"],
+                                    ["a", "b", "c", "a"]])
+def test_mixed_host_layouts(layout):
+    out = run_ranks(4, _mixed, layout, "auto", init=False, timeout=120)
+    for rank, (default_kind, local_kind) in enumerate(out):
+        assert default_kind == "TcpTransport"
+        alone = layout.count(layout[rank]) == 1
+        assert local_kind == ("TcpTransport" if alone else "ShmTransport")
+
+
+def test_one_host_auto_picks_shm_and_tcp_forces_tcp():
+    out = run_ranks(2, _mixed, ["h", "h"], "auto", init=False, timeout=60)
+    assert out == [("ShmTransport", "ShmTransport")] * 2
+    out = run_ranks(2, _mixed, ["h", "h"], "tcp", init=False, timeout=60)
+    assert out == [("TcpTransport", "TcpTransport")] * 2
+
+
+def _forced_shm_across_hosts(rank, world):
+    os.environ["ACCORD_HOST_ID"] = f"host{rank % 2}"
+    os.environ["ACCORD_TRANSPORT"] = "shm"
+    try:
+        dist.init_process_group()
+    except ValueError as e:
+        return str(e)
+    dist.destroy_process_group()
+    return "no error"
+
+
+def test_forced_shm_across_hosts_is_a_clear_error():
+    for msg in run_ranks(2, _forced_shm_across_hosts, init=False, timeout=60):
+        assert "ACCORD_TRANSPORT=shm" in msg and "spans 2 hosts" in msg, msg
+
+
+# -- cleanup and failures ------------------------------------------------------------
+
+def _arena_path(rank, world, how):
+    t = _transport()
+    path = t.arena_path
+    assert not os.path.exists(path), "the arena must be unlinked once every rank attached"
+    x = np.ones(1 << 18, np.float32)
+    dist.all_reduce(x)
+    if how == "raise" and rank == 1:
+        raise RuntimeError("boom")
+    if how == "kill" and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how in ("raise", "kill"):
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(x)
+        except dist.PeerLost as e:
+            return path, "PeerLost", str(e), time.monotonic() - t0
+        return path, "ok", "", 0
+    return path, "ok", "", 0
+
+
+@pytest.mark.parametrize("how", ["normal", "raise", "kill"])
+def test_no_dev_shm_leftovers(how):
+    out = run_ranks(3, _arena_path, how, env=SHM, timeout=60, expect_fail=True)
+    paths = {p[1][0] for p in out if p[0] == "ok"}
+    assert len(paths) == 1
+    path = paths.pop()
+    assert path.startswith("/dev/shm/accord-") and len(os.path.basename(path)) > 30
+    assert not os.path.exists(path)
+    if how != "normal":
+        for rank in (0, 2):
+            kind, (_, err, msg, took) = out[rank]
+            assert kind == "ok" and err == "PeerLost", out[rank]
+            assert "rank 1" in msg and "all_reduce" in msg
+            assert took < 6, f"PeerLost after {took:.1f}s"
+
+
+def _killed_mid_stream(rank, world):
+    x = np.ones(16 << 20, np.float32)       # 64 MiB: the kill lands mid-transfer
+    dist.barrier()
+    if rank == 2:
+        import threading
+        threading.Timer(0.02, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    try:
+        for _ in range(50):
+            dist.all_reduce(x)
+    except dist.PeerLost as e:
+        return "PeerLost", str(e), time.monotonic() - t0
+    return "ok", "", time.monotonic() - t0
+
+
+@pytest.mark.parametrize("env", [SHM, SMALL_ARENA], ids=["default", "small"])
+def test_sigkill_mid_collective_gives_peer_lost(env):
+    out = run_ranks(3, _killed_mid_stream, env=env, timeout=60, expect_fail=True)
+    assert out[2][0] == "died"
+    for rank in (0, 1):
+        kind, (err, msg, took) = out[rank]
+        assert kind == "ok" and err == "PeerLost", out[rank]
+        assert "rank 2" in msg
+        assert took < 8
+
+
+def _desync(rank, world):
+    x = np.zeros(4, np.float32)
+    try:
+        if rank == 0:
+            dist.broadcast(x, src=0)
+            dist.barrier()
+        else:
+            dist.all_reduce(x)
+    except dist.Desync as e:
+        return str(e)
+    return "no error"
+
+
+def test_desync_over_shm_names_both_sides():
+    out = run_ranks(2, _desync, env=SHM, timeout=30)
+    assert "broadcast" in out[1] and "all_reduce" in out[1], out[1]
+    # rank 0 meets rank 1's all_reduce message itself, or hears of the desync from it
+    assert "reported by rank 1" in out[0] or "all_reduce" in out[0], out[0]
+
+
+def _timeout(rank, world):
+    x = np.zeros(4, np.float32)
+    if rank == 1:
+        time.sleep(3)
+        return "slept"
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x, timeout=1.0)
+    except dist.CommTimeout as e:
+        return str(e), time.monotonic() - t0
+    return "no error"
+
+
+def test_timeout_names_the_peer():
+    out = run_ranks(2, _timeout, env=SHM, timeout=30, expect_fail=True)
+    msg, took = out[0][1]
+    assert "rank 1" in msg and 0.9 < took < 3
+
+
+def test_arena_file_is_private(monkeypatch):
+    """Mode 0600 and an unguessable name, checked on the file before it is unlinked."""
+    import threading
+    from accord.store import HashStore
+    from accord.transport import shm
+    seen = []
+    real = shm._unlink
+
+    def spy(path):
+        if os.path.exists(path):
+            seen.append((path, os.stat(path).st_mode & 0o777))
+        real(path)
+    monkeypatch.setattr(shm, "_unlink", spy)
+    store = HashStore()
+    out = {}
+
+    def member(r):
+        out[r] = shm.connect_shm(store, "t", r, 2, lambda g: f"rank {g}",
+                                 time.monotonic() + 10, arena_bytes=1 << 20)
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert len(out) == 2
+    path, mode = seen[0]
+    assert mode == 0o600 and not os.path.exists(path)
+    for t in out.values():
+        t.close()
+
+
+def test_arena_size_is_bounded():
+    from accord.transport.shm import CHAN_MIN, arena_layout
+    for size in (2, 4, 8, 16):
+        cap, total = arena_layout(size, 64 << 20)
+        assert total <= 64 << 20 and cap >= CHAN_MIN
+    cap, total = arena_layout(2, 64 << 10)
+    assert CHAN_MIN <= cap < 32 << 10 and total <= 64 << 10
