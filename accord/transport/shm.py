@@ -4,9 +4,9 @@ One arena per group, created by the group's first rank under an unguessable
 name (mode 0600) and unlinked as soon as every rank has mapped it, so nothing
 stays in /dev/shm after an exit, an exception or a SIGKILL. Inside it:
 
-- per rank: a doorbell word (a futex peers bump to wake the rank), a state
-  word (1 while the rank sleeps or is about to), its pid, a "departed" flag
-  (it closed the group on purpose) and room for an abort message;
+- per rank: a doorbell word (a futex peers bump to wake the rank), its pid,
+  a "departed" flag (it closed the group on purpose) and room for an abort
+  message; one arena-wide word names the first rank that aborted;
 - per ordered pair of ranks: a single-producer single-consumer byte ring.
   `head` is written only by the producer, `tail` and `acked` only by the
   consumer, so no atomic read-modify-write is needed on the data path.
@@ -19,11 +19,15 @@ process's memory goes single-copy instead: the header carries the address of
 the sender's buffer, the receiver copies straight out of it with
 process_vm_readv and bumps `acked`; the send completes on that ack.
 
-Waiting: spin briefly, then sleep on the doorbell with FUTEX_WAIT (bounded
-slices, checking that every peer is still alive between them). Writers bump a
-peer's doorbell (FUTEX_WAKE_OP: atomic add + wake) only when the peer's state
-says it sleeps; both sides put a full fence between their store and the load
-of the other side's word, so a wake-up is never lost.
+Waiting: spin briefly (yielding the core), then sleep on the rank's doorbell
+with FUTEX_WAIT, in bounded slices, checking between them that every peer is
+still alive (pidfd) and that nobody aborted. Before sleeping a rank raises a
+flag on each ring it waits on (`want_data` as a consumer, `want_space` as a
+producer); a writer bumps the sleeper's doorbell (FUTEX_WAKE_OP: atomic add
++ wake) only when it finds that flag up. Both sides put a full fence between
+their store and their load of the other side's word, and the sleeper passes
+FUTEX_WAIT the doorbell value it read before raising its flags, so a wake-up
+is never lost.
 """
 import collections
 import mmap
@@ -63,6 +67,8 @@ _DESC_MSG = HEADER_SIZE + _DESC.size
 CHAN_MAX = 4 << 20                   # a ring larger than this only costs cache
 CHAN_MIN = 16 << 10
 _CHUNK = 256 << 10                   # publish (and copy out) streams in pieces this big
+SPIN_US = 50.0                       # spin this long before sleeping (a quarter when
+                                     # there are more ranks than cores)
 _SLICE_S = 0.25                      # longest single futex sleep
 _LIVENESS_S = 0.5                    # how often a sleeper checks that its peers live
 
@@ -230,6 +236,9 @@ class _Link:
                             except OSError as e:
                                 raise self.t.peer_lost(self.peer, f"could not be read from "
                                                        f"({e.strerror or e})") from None
+                        # a sender that failed and aborted may have dropped its buffer:
+                        # what we read from it after that is not data
+                        self.t._check_abort()
                         q[self.i_acked_i] = seq
                         self._complete(h, dest, owner)
                         continue
@@ -338,8 +347,9 @@ class ShmTransport:
         self._pidfds = {}
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
-        self._oversubscribed = size > ncpu
-        self._spin = 8 if self._oversubscribed else 200
+        # more ranks than cores: a spinning rank takes the core its peer needs
+        self._yield = True
+        self._spin_s = SPIN_US * 1e-6 if size <= ncpu else SPIN_US * 0.25e-6
         self._last_check = time.monotonic()
 
     # -- layout ----------------------------------------------------------------
@@ -473,9 +483,14 @@ class ShmTransport:
                             q[i] = 0
                         flags = None
                     continue
-                spins += 1
-                if spins < self._spin:
-                    if self._oversubscribed:
+                # spin a little (yielding the core to anyone who needs it), then sleep
+                if spins == 0:
+                    spin_end = time.perf_counter() + self._spin_s
+                    spins = 1
+                    continue
+                if spins < 3 or time.perf_counter() < spin_end:
+                    spins += 1
+                    if self._yield:
                         os.sched_yield()
                     continue
                 if flags is None:
@@ -497,7 +512,7 @@ class ShmTransport:
                 for i in flags:
                     q[i] = 0
                 flags = None
-                spins = self._spin // 2
+                spins = 0
                 if time.monotonic() - self._last_check >= _LIVENESS_S:
                     self._check_peers(recvs, sends, drain)
         except BaseException:
