@@ -339,6 +339,25 @@ def test_launcher_store_is_reachable(tmp_path):
     assert counts == [1, 2, 3], output
 
 
+def test_torchrun_script_with_gloo(tmp_path):
+    """A script written for torchrun binds MASTER_PORT on rank 0 itself: it must be free."""
+    pytest.importorskip("torch")
+    s = script(tmp_path, "gloo.py", """
+        import datetime, sys
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+        t = torch.full((3,), float(dist.get_rank() + 1))
+        dist.all_reduce(t)
+        assert t.tolist() == [3.0, 3.0, 3.0], t
+        sys.stdout.write(f"gloo rank {dist.get_rank()} ok\\n")
+        dist.destroy_process_group()
+        """)
+    status, output, _ = accord("run", "-n", 2, s)
+    assert status == 0, output
+    assert "gloo rank 0 ok" in output and "gloo rank 1 ok" in output
+
+
 def test_no_launcher_store(tmp_path):
     s = script(tmp_path, "nostore.py", """
         import os, sys
