@@ -104,3 +104,23 @@ def test_quick_compare_gloo(tmp_path):
     assert "accord bench" in text and "| op | size |" in text and "lat accord/gloo" in text
     if want_plot:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_libraries_are_skipped_with_a_reason(monkeypatch):
+    import accord.bench as bench_mod
+    real = bench_mod.importlib.util.find_spec
+    monkeypatch.setattr(bench_mod.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "mpi4py") else real(name, *a))
+    assert bench_mod.availability("gloo") == "torch is not installed"
+    assert bench_mod.availability("mpi") == "mpi4py is not installed"
+    assert bench_mod.availability("accord") is None
+
+
+def test_merge_runs_takes_the_median():
+    from accord.bench import merge_runs
+    base = {"lib": "accord", "world": 2, "op": "broadcast", "size_bytes": 1 << 20,
+            "op_p50_us": 1.0, "blk_min_us": 1.0, "iters": 1, "blocks": 1, "verified": True}
+    runs = [[dict(base, lat_us=lat)] for lat in (300.0, 100.0, 200.0)]
+    (row,) = merge_runs(runs)
+    assert row["lat_us"] == 200.0 and row["repeats"] == 3
+    assert abs(row["busbw_GBps"] - (1 << 20) / 200e-6 / 1e9) < 1e-9
