@@ -245,13 +245,13 @@ def _root(g, glob, local, arg):
     return g.group_rank_of(int(glob), arg)
 
 
-def _list(g, value, arg):
+def _list(g, value, arg, writable=True):
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"{arg}: expected a list of {g.size} tensors, got {type(value).__name__}")
     if len(value) != g.size:
         raise ValueError(f"{arg}: expected {g.size} tensors (one per rank of group {g.name!r}), "
                          f"got {len(value)}")
-    return [as_buf(t, f"{arg}[{i}]") for i, t in enumerate(value)]
+    return [as_buf(t, f"{arg}[{i}]", writable) for i, t in enumerate(value)]
 
 
 def _same_dtype(ref, bufs, arg, ref_arg):
@@ -293,7 +293,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, time
     if not g.is_member:
         return None
     root = _root(g, src, group_src, "src")
-    buf = as_buf(tensor, "tensor")
+    buf = as_buf(tensor, "tensor", writable=g.rank != root)   # the root only reads
     algo = choose("broadcast", buf.nbytes, g.size, g.options.algorithms)
 
     def body(c):
@@ -341,11 +341,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return _all_gather_blocks(g, "all_gather", blocks, mine, [out], async_op, timeout)
 
 
-def _optional_list(g, value, arg, is_root, root_arg):
+def _optional_list(g, value, arg, is_root, root_arg, writable=True):
     if is_root:
         if value is None:
             raise ValueError(f"{arg}: required on the {root_arg} rank")
-        return _list(g, value, arg)
+        return _list(g, value, arg, writable)
     if value is not None and len(value):
         raise ValueError(f"{arg}: must be None or empty on ranks other than {root_arg} "
                          f"(this is rank {g.global_rank})")
@@ -381,9 +381,9 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
         return None
     root = _root(g, src, group_src, "src")
     mine = as_buf(tensor, "tensor")
-    ins = _optional_list(g, scatter_list, "scatter_list", g.rank == root, "src")
+    # the root only reads its scatter_list: read-only sources are fine
+    ins = _optional_list(g, scatter_list, "scatter_list", g.rank == root, "src", writable=False)
     if ins is not None:
-        ins = [as_buf(t, f"scatter_list[{i}]", writable=False) for i, t in enumerate(scatter_list)]
         _same_dtype(mine, ins, "scatter_list", "tensor")
         _same_size(ins[root], mine, f"scatter_list[{root}]", "tensor")
 

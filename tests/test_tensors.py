@@ -261,6 +261,20 @@ def _buffers(rank, world):
     dist.scatter(out, [array.array("H", [r, 1000 + r]) for r in range(world)]
                  if rank == 0 else None, src=0)
     assert out.tolist() == [rank, 1000 + rank]
+    # a root only reads: read-only sources (bytes, read-only arrays) are fine there
+    got = bytearray(2)
+    dist.scatter(got, [bytes([r, r + 1]) for r in range(world)] if rank == 0 else None, src=0)
+    assert list(got) == [rank, rank + 1]
+    ro = np.arange(3.0)
+    ro.flags.writeable = False
+    got = np.zeros(3)
+    dist.scatter(got, [ro + r for r in range(world)] if rank == world - 1 else None,
+                 src=world - 1)
+    assert got.tolist() == (np.arange(3.0) + rank).tolist()
+    src = ro if rank == 0 else np.zeros(3)
+    dist.broadcast(src, src=0)
+    assert src.tolist() == [0.0, 1.0, 2.0]
+    dist.broadcast(b"xyz" if rank == world - 1 else bytearray(3), src=world - 1)
     if world > 1:
         if rank == 0:
             dist.send(array.array("q", [1, 2, 3]), dst=1)
