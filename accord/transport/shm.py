@@ -57,8 +57,10 @@ _R_ABORT_MSG = 256                   # up to _RANK_BLOCK - 256 bytes
 _H_MAGIC, _H_NRANKS, _H_CAP, _H_ABORT = 0, 8, 16, 64
 # channel control page; the ring follows it
 _C_HEAD, _C_TAIL, _C_ACKED, _C_CMA_OK = 0, 64, 128, 192
-_C_WANT_DATA = 256                   # the consumer sleeps until head moves (consumer-written)
-_C_WANT_SPACE = 320                  # the producer sleeps until tail/acked move (producer-written)
+# what a sleeper waits for (0: nothing), so writers wake it only once that is there
+_C_WANT_DATA = 256                   # consumer-written: wake me when head >= this
+_C_WANT_SPACE = 320                  # producer-written: wake me when tail >= this
+_C_WANT_ACK = 384                    # producer-written: wake me when acked >= this
 
 _CMA_FLAG = 0x40                     # header kind bit: the payload is a _DESC, not bytes
 _DESC = struct.Struct("<QQ")         # sender's buffer address, ack sequence number
@@ -115,6 +117,8 @@ class _Link:
             (out_c + _C_WANT_SPACE) // 8
         self.i_want_data_i, self.i_want_space_i = (in_c + _C_WANT_DATA) // 8, \
             (in_c + _C_WANT_SPACE) // 8
+        self.o_want_ack_i, self.i_want_ack_i = (out_c + _C_WANT_ACK) // 8, \
+            (in_c + _C_WANT_ACK) // 8
         self.o_ring = t.mem[out_c + _PAGE:out_c + _PAGE + t.cap]
         self.i_ring = t.mem[in_c + _PAGE:in_c + _PAGE + t.cap]
         q = t.q
@@ -135,14 +139,29 @@ class _Link:
     def poke_data(self):
         """New data is in our outgoing ring: wake the peer if it sleeps waiting for it."""
         futex.fence()
-        if self.t.q[self.o_want_data_i]:
+        w = self.t.q[self.o_want_data_i]
+        if w and self.o_head >= w:
             futex.add_and_wake(self.peer_doorbell)
 
     def poke_space(self):
         """Room (or an ack) in the peer's ring to us: wake it if it sleeps waiting for that."""
         futex.fence()
-        if self.t.q[self.i_want_space_i]:
+        q = self.t.q
+        w, a = q[self.i_want_space_i], q[self.i_want_ack_i]
+        if w and self.i_tail >= w or a and q[self.i_acked_i] >= a:
             futex.add_and_wake(self.peer_doorbell)
+
+    def want_data(self):
+        """The head to sleep for: any byte, or a good piece of the message being read."""
+        inc = self.incoming
+        need = len(inc[1]) - inc[2] if inc is not None else 1
+        return self.i_tail + max(1, min(need, self.cap // 2))
+
+    def want_space(self):
+        """The tail to sleep for: room for the rest of the first send, or half the ring."""
+        s = self.sends[0]
+        rest = sum(len(p) for p in s.parts[s.part:]) - s.off
+        return self.o_head - self.cap + max(1, min(rest, self.cap // 2))
 
     # -- writing -------------------------------------------------------------
     def push(self):
@@ -498,11 +517,19 @@ class ShmTransport:
                     # say what we wait for, then look once more before sleeping: a writer
                     # either sees the flag (and wakes us) or we see its data
                     expected = i32[self._doorbell_i]
-                    flags = [links[r.peer].i_want_data_i for r in recvs if not r.done]
-                    flags += [links[p].i_want_data_i for p in drain]
-                    flags += [links[s.peer].o_want_space_i for s in sends if not s.done]
-                    for i in flags:
-                        q[i] = 1
+                    flags = []
+                    for peer in {r.peer for r in recvs if not r.done}.union(drain):
+                        link = links[peer]
+                        q[link.i_want_data_i] = link.want_data()
+                        flags.append(link.i_want_data_i)
+                    for peer in {s.peer for s in sends if not s.done}:
+                        link = links[peer]
+                        if link.sends:
+                            q[link.o_want_space_i] = link.want_space()
+                            flags.append(link.o_want_space_i)
+                        if link.unacked:
+                            q[link.o_want_ack_i] = link.unacked[-1].seq
+                            flags.append(link.o_want_ack_i)
                     futex.fence()
                     continue
                 now = time.monotonic()
