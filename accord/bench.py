@@ -520,10 +520,11 @@ def write_plot(path, rows, settings):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ops = settings.ops
-    fig, axes = plt.subplots(2, len(ops), figsize=(4.2 * len(ops), 7.5), squeeze=False)
+    fig, axes = plt.subplots(2, len(ops), figsize=(max(4.2 * len(ops), 6.5), 7.8), squeeze=False)
     series = sorted({(r["lib"], r["world"]) for r in rows if r["op"] != "barrier"},
                     key=lambda k: (k[1], k[0] != "accord", k[0]))
     multi = len(settings.worlds) > 1
+    colors = {"accord": "C0", "gloo": "C1"}
     for j, op in enumerate(ops):
         for lib, world in series:
             pts = sorted((r["size_bytes"], r["busbw_GBps"], r["lat_us"]) for r in rows
@@ -531,8 +532,11 @@ def write_plot(path, rows, settings):
             if not pts:
                 continue
             label = f"{lib} (n={world})" if multi else lib
+            styles = ("-", "--", ":", "-.")
             style = dict(marker="o", linewidth=2.2 if lib == "accord" else 1.4,
-                         linestyle="-" if world == settings.worlds[0] else "--")
+                         color=colors.setdefault(lib, f"C{len(colors)}"),
+                         linestyle=styles[settings.worlds.index(world) % len(styles)]
+                         if world in settings.worlds else "-")
             xs = [p[0] for p in pts]
             axes[0][j].plot(xs, [max(p[1], 1e-6) for p in pts], label=label, **style)
             axes[1][j].plot(xs, [p[2] for p in pts], label=label, **style)
@@ -550,7 +554,7 @@ def write_plot(path, rows, settings):
                 ax.set_ylabel(ylabel)
         axes[0][j].legend(fontsize=8)
     worlds = ",".join(str(w) for w in settings.worlds)
-    fig.suptitle(f"accord bench, n={worlds}, ACCORD_TRANSPORT={settings.transport}, "
+    fig.suptitle(f"accord bench, n={worlds}, ACCORD_TRANSPORT={settings.transport}\n"
                  f"GLIBC_TUNABLES={settings.glibc}", fontsize=10)
     fig.tight_layout()
     _makedirs(path)
