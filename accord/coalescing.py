@@ -95,6 +95,7 @@ class coalescing:
         self.bucket_bytes = check_bucket_bytes(bucket_bytes)
         self.timeout = timeout
         self.works = []
+        self._flushed = []        # the futures of every flushed call: done once unpacked
         self._runs = []
         self._must_wait = False
         self._open = False
@@ -136,8 +137,9 @@ class coalescing:
         return False
 
     def wait(self, timeout=None):
-        for w in self.works:
-            w.wait(timeout)
+        """Wait until every flushed call's tensors are written (re-raises the first error)."""
+        for f in self._flushed:
+            Work(f, "coalesced call").wait(timeout)
         return True
 
     # -- queueing -----------------------------------------------------------------
@@ -184,13 +186,14 @@ class coalescing:
     def flush(self):
         """Send everything queued so far (exit does this); returns the new Works."""
         g, runs, self._runs = self.group, self._runs, []
-        new, touched = [], set()
+        new, touched, futures = [], set(), []
         for run in runs:
             if run.ptrs & touched:
                 # a tensor of an earlier run again: its result must land before we pack
-                for w in new:
-                    w.wait()
+                for f in futures:
+                    Work(f, "coalesced call").wait()
             touched |= run.ptrs
+            futures.extend(p.future for p in run.items)
             items = [(p.view, p.code, p) for p in run.items]
             for b in plan_buckets(items, self.bucket_bytes):
                 new.append(self._issue(g, run, b))
@@ -200,12 +203,19 @@ class coalescing:
                 if p.view.size == 0 and not p.future.done():
                     p.future.set_result(None)
         self.works.extend(new)
+        self._flushed.extend(futures)
         self.collectives += len(new)
         return new
 
     def _issue(self, g, run, b):
         kind, key = run.kind, run.key
         me = g.rank
+        if kind == "broadcast" and not b.direct:
+            # small ones packed, large ones in place: one collective, like broadcast_state
+            from .state import _broadcast_bucket
+            w = _broadcast_bucket(g, key, b, True, self.timeout)
+            w.get_future().add_done_callback(lambda f, b=b: _settle(b, f.exception()))
+            return w
         if b.direct:
             target = b.user[0].tensor          # the caller's tensor as it is (bfloat16 too)
             unpack = False
@@ -233,13 +243,17 @@ class coalescing:
                     b.unpack()
                 except BaseException as e:      # noqa: BLE001 - handed to the Works
                     exc = e
-            for p in b.user:
-                if exc is None:
-                    p.future.set_result(None)
-                else:
-                    p.future.set_exception(exc)
+            _settle(b, exc)
         w.get_future().add_done_callback(done)
         return w
+
+
+def _settle(bucket, exc):
+    for p in bucket.user:
+        if exc is None:
+            p.future.set_result(None)
+        else:
+            p.future.set_exception(exc)
 
 
 # -- the public functions, routed through an open block ---------------------------

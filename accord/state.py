@@ -13,11 +13,13 @@ How it goes, on every rank of the group:
    `StateMismatch` naming the first differing path, so no rank hangs and the
    group stays usable.
 3. Object leaves travel in one object broadcast (pickled).
-4. Tensor leaves are packed by dtype into buckets of at most `bucket_bytes`
-   (default 25 MiB); each bucket is one broadcast. A tensor of a bucket's size
-   or more is sent in place without packing. Buckets go out asynchronously in
-   order, so the source packs bucket k+1 while bucket k is on the wire and the
-   receivers unpack bucket k while bucket k+1 arrives.
+4. Tensor leaves are grouped by dtype into buckets of at most `bucket_bytes`
+   (default 25 MiB); each bucket is one broadcast collective (one sequence
+   number, one stamp). Inside it, tensors under 64 KiB are packed into one
+   array; larger ones are sent from and received into the caller's memory
+   directly, in 1 MiB pieces along a chain of ranks, so a rank forwards piece
+   i while it receives piece i+1. Nothing large is copied outside the
+   transport.
 """
 import concurrent.futures
 import hashlib
@@ -27,7 +29,8 @@ import threading
 import numpy as np
 
 from . import api, objects
-from ._packing import check_bucket_bytes, is_tensor, plan_buckets, tensor_view
+from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
+from .buffers import BF16_CODE
 from .errors import Desync
 from .work import Work, completed_work
 
@@ -215,40 +218,71 @@ def broadcast_state(obj, src=None, group=None, async_op=False, bucket_bytes=None
                 obj = tree
 
     buckets = plan_buckets(((l.view, l.code, None) for l in leaves if l.view is not None),
-                           bucket_bytes)
-    works = []
-    for b in buckets:
-        b.allocate()
-        if is_root:
-            b.pack()
-        works.append(api.broadcast(b.flat(), group=g, group_src=root, async_op=True,
-                                   timeout=timeout))
+                           bucket_bytes, direct_ok=False)
+    works = [_broadcast_bucket(g, root, b, async_op, timeout) for b in buckets]
     if async_op:
-        return _when_all(works, None if is_root else buckets, "broadcast_state")
-    for w, b in zip(works, buckets):
-        w.wait()
-        if not is_root:
-            b.unpack()
+        return _when_all(works, "broadcast_state")
     return obj
 
 
-def _when_all(works, buckets, desc):
-    """A Work done when every work is done and (receivers) its bucket is unpacked."""
+SMALL_BYTES = 64 << 10     # tensors below this are packed; larger ones move in place
+PIECE_BYTES = 1 << 20      # large tensors move in pieces of this size, so a chain pipelines
+
+
+def _broadcast_bucket(g, root, bucket, async_op, timeout):
+    """One broadcast collective for a dtype bucket: its small tensors packed into one
+    array, its large contiguous tensors sent and received in place, piece by piece."""
+    small = Bucket(bucket.code)
+    pieces = []
+    for v in bucket.views:
+        if v.nbytes < SMALL_BYTES or not v.flags.c_contiguous:
+            small.add(v)
+        else:
+            flat = v.reshape(-1)
+            per = max(1, PIECE_BYTES // flat.itemsize)
+            pieces.extend(flat[i:i + per] for i in range(0, flat.size, per))
+    is_root = g.rank == root
+    if small.views:
+        small.allocate()
+        if is_root:
+            small.pack()
+        pieces.insert(0, small.flat())
+    total = sum(p.nbytes for p in pieces)
+    name = "bfloat16" if bucket.code == BF16_CODE else bucket.views[0].dtype.name
+
+    def body(c):
+        if c is not None:
+            _chain(c, pieces, root)
+        if small.views and not is_root:
+            small.unpack()
+    # stamped as one broadcast of `total` bytes: every rank's layout is the same
+    return api._run(g, "broadcast", body, async_op, timeout, (root, bucket.code, 0, total, name))
+
+
+def _chain(c, pieces, root):
+    """root -> root+1 -> ...: rank k forwards piece i while it receives piece i+1."""
+    n = c.size
+    pos = (c.rank - root) % n
+    prev, nxt = (c.rank - 1) % n, (c.rank + 1) % n
+    if pos == 0:
+        c.exchange(sends=[(nxt, p) for p in pieces])
+    elif pos == n - 1:
+        c.exchange(recvs=[(prev, p) for p in pieces])
+    else:
+        for i, p in enumerate(pieces):
+            c.exchange(sends=[(nxt, pieces[i - 1])] if i else [], recvs=[(prev, p)])
+        c.exchange(sends=[(nxt, pieces[-1])])
+
+
+def _when_all(works, desc):
+    """A Work done when every work is done (the first error wins)."""
     fut = concurrent.futures.Future()
     fut.set_running_or_notify_cancel()
-    if not works:
-        fut.set_result(None)
-        return Work(fut, desc)
     left = [len(works)]
     lock = threading.Lock()
 
-    def done(i, f):
-        try:
-            exc = f.exception()
-            if exc is None and buckets is not None:
-                buckets[i].unpack()
-        except BaseException as e:       # noqa: BLE001 - handed to the Work
-            exc = e
+    def done(f):
+        exc = f.exception()
         with lock:
             if fut.done():
                 return
@@ -259,6 +293,8 @@ def _when_all(works, buckets, desc):
             if left[0] == 0:
                 fut.set_result(None)
 
-    for i, w in enumerate(works):
-        w.get_future().add_done_callback(lambda f, i=i: done(i, f))
+    if not works:
+        fut.set_result(None)
+    for w in works:
+        w.get_future().add_done_callback(done)
     return Work(fut, desc)
