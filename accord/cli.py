@@ -25,6 +25,8 @@ COMMANDS = (
     Command("run", "accord.launch", "start N ranks of a Python script or module, like torchrun"),
     Command("bench", "accord.bench", "time accord's collectives, side by side with gloo and MPI"),
     Command("doctor", "accord.doctor", "check this host: /dev/shm, network, ports, torch, MPI"),
+    Command("debug", "accord.debug", "`debug analyze DIR`: the first divergence in a job's "
+                                     "flight recorders"),
 )
 
 

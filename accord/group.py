@@ -57,7 +57,7 @@ class ProcessGroup:
         return debug.describe_entry(e) if e is not None else None
 
     def _site_text(self, site):
-        return debug.site_text(site)
+        return debug.site_text(site) or debug.published_site_text(self, site)
 
     # -- identity ----------------------------------------------------------
     @property
@@ -102,10 +102,13 @@ class ProcessGroup:
                 entry = self.recorder.add(None, opname, -1, "", -1, None, where)
             else:
                 seq = self._seq
-                stamp = Stamp(OP_CODES[opname], seq, *(stamp_args or ()), site=site, where=where)
-                entry = self.recorder.add(seq, opname, stamp.root if stamp.root < 0 else
-                                          self.ranks[stamp.root], stamp.dtype_name, stamp.count,
-                                          stamp.shape, where)
+                a = stamp_args or (-1, 0, 0, -1, "", None)
+                if len(a) == 5:
+                    a = a + (None,)
+                stamp = Stamp(OP_CODES[opname], seq, a[0], a[1], a[2], a[3], a[4], a[5], site,
+                              where)
+                entry = self.recorder.add(seq, opname, a[0] if a[0] < 0 else self.ranks[a[0]],
+                                          a[4], a[3], a[5], where)
                 self._seq = seq + 1
             desc = f"{opname} #{stamp.seq}" if stamp else opname
             if self.options is not None and self.options.debug == "DETAIL" and stamp:
@@ -148,7 +151,6 @@ class ProcessGroup:
         entry[debug.T_START] = time.time()
         entry[debug.STATE] = debug.RUNNING
         rec.current = entry
-        rec.changes += 1
         deadline = time.monotonic() + timeout
         try:
             result = body(Comm(t, stamp, deadline) if stamp else deadline)
@@ -170,7 +172,6 @@ class ProcessGroup:
             return result
         finally:
             rec.current = None
-            rec.changes += 1
             t.op_desc = ""
 
     def _explain(self, e, entry):

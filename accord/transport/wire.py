@@ -61,7 +61,7 @@ class Stamp:
         self.op, self.seq, self.root, self.dtype = op, seq, root, dtype
         self.redop, self.count, self.dtype_name = redop, count, dtype_name
         self.site, self.where, self.shape = site, where, shape
-        self._seqf = (seq & SEQ_MASK) | ((site & SITE_MASK) << SEQ_BITS)
+        self._seqf = seq | site << SEQ_BITS       # seq < 2**40, site < 2**23 (debug.site_id)
 
     def header(self, length, kind=COLL):
         return HEADER.pack(kind, self.op, self.dtype, self.redop, self.root, self._seqf,
