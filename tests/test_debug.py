@@ -1,0 +1,149 @@
+"""Flight recorder dumps, `accord debug analyze`, SIGUSR1, ACCORD_DEBUG=DETAIL summaries."""
+import json
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import accord as dist
+from accord import debug, debug_detail
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _collect_logs():
+    records = []
+
+    class H(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelname, record.getMessage()))
+    logging.getLogger("accord").addHandler(H())
+    return records
+
+
+def _desync_then_dump(rank, world):
+    x = np.ones(4, np.float32)
+    for _ in range(3):
+        dist.all_reduce(x)
+    try:
+        if rank == 0:
+            dist.broadcast(x, src=0)
+        else:
+            dist.all_reduce(x)
+        dist.barrier()
+    except dist.Desync:
+        pass
+    return None
+
+
+def test_error_dumps_flight_recorder_and_analyze_finds_divergence(tmp_path, capsys):
+    trace = str(tmp_path / "trace")
+    run_ranks(2, _desync_then_dump, timeout=30,
+              env={"ACCORD_TRACE_DIR": trace, "ACCORD_TRANSPORT": "tcp"})
+    files = sorted(os.listdir(trace))
+    assert files == ["rank0.json", "rank1.json"], files
+    d = json.load(open(os.path.join(trace, "rank0.json")))
+    ops = d["groups"]["default"]["ops"]
+    assert [o["op"] for o in ops[:3]] == ["all_reduce"] * 3
+    assert ops[0]["where"].startswith("test_debug.py:")
+    text, found = debug.analyze(trace)
+    assert found
+    assert "first divergence at call #3" in text, text
+    assert "broadcast #3" in text and "all_reduce #3" in text, text
+    from accord.cli import main
+    assert main(["debug", "analyze", trace]) == 1
+    assert "first divergence at call #3" in capsys.readouterr().out
+
+
+def _sigusr1(rank, world):
+    x = np.ones(4, np.float32)
+    dist.all_reduce(x)
+    dist.broadcast(x, src=0)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.1)
+    return None
+
+
+def test_sigusr1_dumps(tmp_path):
+    trace = str(tmp_path / "t")
+    run_ranks(2, _sigusr1, timeout=30, env={"ACCORD_TRACE_DIR": trace})
+    for r in range(2):
+        d = json.load(open(os.path.join(trace, f"rank{r}.json")))
+        assert d["reason"] == "SIGUSR1"
+        assert [o["op"] for o in d["groups"]["default"]["ops"]] == ["all_reduce", "broadcast"]
+        assert all(o["state"] == "done" for o in d["groups"]["default"]["ops"])
+    text, found = debug.analyze(trace)
+    assert not found and "no divergence" in text
+
+
+def test_analyze_reports_a_rank_that_never_entered(tmp_path):
+    def dump(rank, ops):
+        data = {"rank": rank, "pid": 1, "host": "h", "time": 0, "reason": "CommTimeout",
+                "groups": {"default": {"ranks": [0, 1, 2], "rank": rank, "size": 3,
+                                       "seq": len(ops), "ops": ops}}}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(data))
+
+    def op(seq, state="done"):
+        return {"seq": seq, "op": "all_reduce", "root": -1, "dtype": "float32", "count": 16,
+                "shape": [4], "where": "train.py:9", "state": state}
+    dump(0, [op(0), op(1), op(2, "running")])
+    dump(1, [op(0), op(1), op(2, "running")])
+    dump(2, [op(0), op(1)])
+    text, found = debug.analyze(str(tmp_path))
+    assert found
+    assert "rank 2 never entered call #2" in text, text
+    assert "never entered it; its last call was all_reduce #1" in text
+
+
+def _detail(rank, world):
+    records = _collect_logs()
+    x = np.zeros(4, np.float32) if rank == 0 else np.full(4, 7.0, np.float32)
+    dist.broadcast(x, src=0)                        # the root's tensor was never written
+    y = np.array([1.0, np.nan, 3.0, np.inf], np.float32)
+    dist.all_reduce(y)
+    return records
+
+
+def test_detail_logs_summaries_and_warns_about_sources():
+    out = run_ranks(2, _detail, timeout=30, env={"ACCORD_DEBUG": "DETAIL"})
+    r0 = "\n".join(m for _, m in out[0])
+    r1 = "\n".join(m for _, m in out[1])
+    assert "rank 0 broadcast #0 at test_debug.py:" in r0
+    assert "before: tensor float32[4] min=0 max=0 mean=0 nan=0 inf=0" in r0
+    assert "after: tensor float32[4] min=0 max=0" in r1      # rank 1 received the zeros
+    warnings0 = [m for lvl, m in out[0] if lvl == "WARNING"]
+    assert any("source tensor is all zeros" in m and "broadcast #0" in m for m in warnings0)
+    # only the root's broadcast tensor is a source
+    assert not any("broadcast" in m for lvl, m in out[1] if lvl == "WARNING")
+    for recs in out:
+        assert any(lvl == "WARNING" and "all_reduce #1" in m and "1 NaN and 1 Inf" in m
+                   for lvl, m in recs)
+
+
+def _detail_shapes(rank, world):
+    x = np.ones((2, 3) if rank == 0 else (3, 2), np.float32)     # same bytes, other shape
+    try:
+        dist.all_reduce(x)
+    except dist.Desync as e:
+        return str(e)
+    return "no error"
+
+
+def test_detail_checks_full_shapes_on_every_rank():
+    out = run_ranks(2, _detail_shapes, timeout=30, env={"ACCORD_DEBUG": "DETAIL"})
+    for msg in out:
+        assert "ACCORD_DEBUG=DETAIL: ranks disagree" in msg, msg
+        assert "rank 0: all_reduce(tensor=float32[2, 3])" in msg
+        assert "rank 1: all_reduce(tensor=float32[3, 2])" in msg
+        assert "test_debug.py:" in msg
+
+
+def test_suspicious_heuristics():
+    assert debug_detail.suspicious("float32", np.zeros(3, np.float32)).startswith("is all zeros")
+    assert "denormal" in debug_detail.suspicious("float32", np.array([1e-41, 1.0], np.float32))
+    assert debug_detail.suspicious("float32", np.ones(3, np.float32)) is None
+    assert debug_detail.suspicious("int64", np.arange(3)) is None
