@@ -374,3 +374,29 @@ def test_arena_size_is_bounded():
         assert total <= 64 << 20 and cap >= CHAN_MIN
     cap, total = arena_layout(2, 64 << 10)
     assert CHAN_MIN <= cap < 32 << 10 and total <= 64 << 10
+
+
+def _no_room(rank, world):
+    from accord.transport import shm
+    if rank == 1:
+        def refuse(path):
+            raise OSError(28, "No space left on device (simulated)")
+        shm._attach = refuse
+    os.environ["ACCORD_TRANSPORT"] = os.environ["WANT_TRANSPORT"]
+    try:
+        dist.init_process_group()
+    except OSError as e:
+        return "error", str(e)
+    try:
+        x = np.full(3, rank + 1, np.int64)
+        dist.all_reduce(x)
+        return type(_transport()).__name__, int(x[0])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_auto_falls_back_to_tcp_together_when_shm_fails_on_one_rank():
+    out = run_ranks(3, _no_room, env={"WANT_TRANSPORT": "auto"}, init=False, timeout=60)
+    assert out == [("TcpTransport", 6)] * 3
+    out = run_ranks(3, _no_room, env={"WANT_TRANSPORT": "shm"}, init=False, timeout=60)
+    assert all(kind == "error" and "rank 1" in msg and "No space" in msg for kind, msg in out), out

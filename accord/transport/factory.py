@@ -47,9 +47,15 @@ def build_transport(store, prefix, rank, size, describe_rank, options, addr, dea
         if len(set(hosts)) == 1 and os.path.isdir("/dev/shm"):
             from . import futex
             if futex.AVAILABLE or mode == "shm":
-                from .shm import connect_shm
-                return connect_shm(store, prefix, rank, size, describe_rank, deadline,
-                                   arena_bytes=options.shm_arena, cma_min=options.shm_cma_min)
+                from .shm import ShmUnavailable, connect_shm
+                try:
+                    return connect_shm(store, prefix, rank, size, describe_rank, deadline,
+                                       arena_bytes=options.shm_arena,
+                                       cma_min=options.shm_cma_min)
+                except ShmUnavailable:
+                    # every member raises it together, so all fall back to TCP together
+                    if mode == "shm":
+                        raise
         if mode == "shm":
             by_host = {}
             for r, h in enumerate(hosts):

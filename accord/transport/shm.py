@@ -694,68 +694,103 @@ def _unlink(path):
         pass
 
 
-def _barrier(store, key, rank, size, deadline):
-    store.set(f"{key}/{rank}", b"1")
-    store.wait([f"{key}/{r}" for r in range(size)])
+class ShmUnavailable(OSError):
+    """Shared memory could not be set up for the group (every member raises it)."""
+
+
+def _text(v):
+    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+def _barrier(store, key, rank, size, status="ok"):
+    """Every member posts its status; all wait for all; any failure fails everyone."""
+    store.set(f"{key}/{rank}", status)
+    keys = [f"{key}/{r}" for r in range(size)]
+    store.wait(keys)
+    bad = [(r, _text(store.get(k))) for r, k in enumerate(keys)]
+    bad = [(r, v[1:]) for r, v in bad if v != "ok"]
+    if bad:
+        raise ShmUnavailable("shared memory could not be set up: " +
+                             "; ".join(f"group rank {r}: {why}" for r, why in bad))
+
+
+def _create(path, total):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, total)     # fail now, not with SIGBUS later
+        except OSError as e:
+            raise OSError(e.errno, f"cannot reserve {total} bytes in {SHM_DIR} for the "
+                                   f"group's arena: {e.strerror}") from None
+        return mmap.mmap(fd, total)
+    except BaseException:
+        _unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _attach(path):
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
 
 
 def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=64 << 20,
                 cma_min=1 << 20):
     """Create (group rank 0) or attach the group's arena; return a ShmTransport.
 
-    Raises OSError where shared memory is unavailable: rank 0 publishes the
-    failure, so every rank raises instead of some waiting forever.
+    The arena takes at most arena_bytes, and at most a quarter of the free
+    space in /dev/shm. Raises ShmUnavailable (an OSError) on every member
+    when any member could not set it up, so callers can fall back together.
     """
-    cap, total = arena_layout(size, arena_bytes)
     key = f"{prefix}/shm"
-    path = None
-    if rank == 0:
-        name = f"accord-{secrets.token_hex(16)}"
-        path = os.path.join(SHM_DIR, name)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except OSError as e:
-            store.set(f"{key}/name", f"!{e}")
-            raise
-        try:
-            os.fchmod(fd, 0o600)
+    path = name = None
+    mm = None
+    try:
+        if rank == 0:
             try:
-                os.posix_fallocate(fd, 0, total)     # fail now, not with SIGBUS later
-            except OSError as e:
-                raise OSError(e.errno, f"cannot reserve {total} bytes in {SHM_DIR} for the "
-                                       f"group's arena: {e.strerror}") from None
-            mm = mmap.mmap(fd, total)
-        except BaseException as e:
-            os.close(fd)
-            _unlink(path)
-            store.set(f"{key}/name", f"!{e}")
-            raise
-        os.close(fd)
-        head = memoryview(mm).cast("q")
-        head[_H_NRANKS // 8] = size
-        head[_H_CAP // 8] = cap
-        head[_H_MAGIC // 8] = _MAGIC
-        head.release()
-        store.set(f"{key}/name", name)
-    else:
-        name = store.get(f"{key}/name")
-        name = name.decode() if isinstance(name, (bytes, bytearray)) else str(name)
-        if name.startswith("!"):
-            raise OSError(f"group rank 0 could not create the shared-memory arena: {name[1:]}")
-        path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        try:
-            mm = mmap.mmap(fd, total)
-        finally:
-            os.close(fd)
+                st = os.statvfs(SHM_DIR)
+                arena_bytes = min(arena_bytes, st.f_bavail * st.f_frsize // 4)
+            except OSError:
+                pass
+            cap, total = arena_layout(size, arena_bytes)
+            name = f"accord-{secrets.token_hex(16)}"
+            path = os.path.join(SHM_DIR, name)
+            mm = _create(path, total)
+            head = memoryview(mm).cast("q")
+            head[_H_NRANKS // 8] = size
+            head[_H_CAP // 8] = cap
+            head[_H_MAGIC // 8] = _MAGIC
+            head.release()
+            store.set(f"{key}/name", name)
+        else:
+            name = _text(store.get(f"{key}/name"))
+            if name.startswith("!"):
+                raise ShmUnavailable(f"group rank 0 could not create the shared-memory arena: "
+                                     f"{name[1:]}")
+            path = os.path.join(SHM_DIR, name)
+            mm = _attach(path)
+        q = memoryview(mm).cast("q")
+        ok = q[_H_MAGIC // 8] == _MAGIC and q[_H_NRANKS // 8] == size
+        cap = q[_H_CAP // 8]
+        q.release()
+        if not ok or arena_layout_total(size, cap) != len(mm):
+            raise ShmUnavailable(f"the arena of group {prefix!r} does not have this rank's "
+                                 f"layout")
+    except ShmUnavailable as e:
+        _fail(store, key, rank, e, path if rank == 0 else None)
+        raise
+    except OSError as e:
+        _fail(store, key, rank, e, path if rank == 0 else None)
+        raise ShmUnavailable(f"{describe_rank(rank)}: shared memory unavailable: {e}") from None
     try:
         arena = Arena(mm, cap)
-        if arena.q[_H_MAGIC // 8] != _MAGIC or arena.q[_H_NRANKS // 8] != size or \
-                arena.q[_H_CAP // 8] != cap:
-            raise AccordError(f"{describe_rank(rank)}: the shared-memory arena of group "
-                              f"{prefix!r} does not match this rank's layout")
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
-        t.arena_path = os.path.join(SHM_DIR, name)      # for tests and messages
+        t.arena_path = path                                 # for tests and messages
         me = t.rank_offset(rank)
         arena.q[(me + _R_PID) // 8] = os.getpid()
         import ctypes
@@ -765,14 +800,33 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
         arena.mem[me + _R_PROBE_VAL:me + _R_PROBE_VAL + 8] = val
         if store.add(f"{key}/attached", 1) == size:
             _unlink(path)
-        _barrier(store, f"{key}/ready", rank, size, deadline)
+        _barrier(store, f"{key}/ready", rank, size)
         _unlink(path)           # every rank: whoever survives removes the name
         path = None
         t.setup_peers()
-        _barrier(store, f"{key}/probed", rank, size, deadline)
+        _barrier(store, f"{key}/probed", rank, size)
         t.read_cma_flags()
         return t
     except BaseException:
         if path is not None:
             _unlink(path)
         raise
+
+
+def arena_layout_total(size, cap):
+    nchan = size * (size - 1)
+    return _PAGE + size * _RANK_BLOCK + nchan * _PAGE + nchan * cap
+
+
+def _fail(store, key, rank, exc, path):
+    """Tell the others why this rank cannot join, so nobody waits for it."""
+    if path is not None:
+        _unlink(path)
+    why = f"!{exc}"
+    try:
+        if rank == 0:
+            store.set(f"{key}/name", why)
+        else:
+            store.set(f"{key}/ready/{rank}", why)
+    except Exception:
+        pass
