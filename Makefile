@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 # Re-installs when pyproject.toml changes; `rm -rf .venv` starts over.
 STAMP  := $(VENV)/.accord-installed
 NPROC  ?= 4
-DEMOS  := broadcast all_gather scatter
+DEMOS  := broadcast all_gather scatter mlp_sync uneven_shards eval_metrics async_overlap
 
 .PHONY: demo test install clean
 

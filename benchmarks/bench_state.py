@@ -1,0 +1,166 @@
+"""Synchronising a model: broadcast_state vs a per-tensor broadcast loop vs gloo's loop.
+
+    .venv/bin/python benchmarks/bench_state.py [-n 2,4] [--repeat 15] [--out FILE]
+
+A state dict of 100 float32 tensors, about 50 MiB in all (sizes from 4 KiB to
+2 MiB, as in a small transformer), is sent from rank 0 to every rank:
+
+- accord.broadcast_state(sd)                 (dtype buckets of 25 MiB)
+- for t in sd.values(): accord.broadcast(t)   (the naive loop, on accord)
+- the same loop inside `with accord.coalescing():`
+- for t in sd.values(): torch.distributed.broadcast(t)   (torch's gloo backend)
+
+All four run in the same processes, interleaved, each timed `--repeat` times
+after two warm-up rounds; a round's time is the slowest rank's (barrier
+before, max over ranks after); the table shows the median. Each world size is
+one `accord run -n N` of this file with --worker.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+
+
+def make_state(rank, n=100, total=50 * MiB):
+    import torch
+    # geometric sizes between 4 KiB and 2 MiB, scaled to the total
+    raw = [4096 * (512 ** (i / (n - 1))) for i in range(n)]
+    scale = total / sum(raw)
+    sizes = [max(1, int(r * scale) // 4) for r in raw]
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for i, s in enumerate(sizes):
+        t = torch.empty(s)
+        if rank == 0:
+            t.normal_(generator=g)
+        else:
+            t.zero_()
+        sd[f"layer{i // 4}.p{i % 4}"] = t
+    return sd
+
+
+def worker(repeat):
+    import torch
+    import torch.distributed as tdist
+
+    import accord
+
+    accord.init_process_group()
+    rank, world = accord.get_rank(), accord.get_world_size()
+    port = os.environ["MASTER_PORT"]
+    tdist.init_process_group("gloo", init_method=f"file:///tmp/accord-bench-state-{port}",
+                             rank=rank, world_size=world)
+    sd = make_state(rank)
+    nbytes = sum(t.numel() * 4 for t in sd.values())
+    ref = make_state(0)
+
+    def reset():
+        if rank != 0:
+            for t in sd.values():
+                t.zero_()
+
+    def check(name):
+        if rank != 0:
+            for k, t in sd.items():
+                if not torch.equal(t, ref[k]):
+                    raise AssertionError(f"{name}: rank {rank}: {k} differs from rank 0's")
+
+    def state():
+        accord.broadcast_state(sd, src=0)
+
+    def loop():
+        for t in sd.values():
+            accord.broadcast(t, src=0)
+
+    def coalesced():
+        with accord.coalescing():
+            for t in sd.values():
+                accord.broadcast(t, src=0)
+
+    def gloo():
+        for t in sd.values():
+            tdist.broadcast(t, src=0)
+
+    methods = [("accord.broadcast_state(sd)", state),
+               ("accord.broadcast loop (100 calls)", loop),
+               ("accord.broadcast loop in coalescing()", coalesced),
+               ("torch gloo broadcast loop (100 calls)", gloo)]
+    times = {name: [] for name, _ in methods}
+    import numpy as np
+    slowest = np.zeros(1)
+    for it in range(repeat + 2):
+        for name, fn in methods:
+            reset()
+            accord.barrier()
+            t0 = time.perf_counter()
+            fn()
+            slowest[0] = time.perf_counter() - t0
+            accord.all_reduce(slowest, op=accord.ReduceOp.MAX)
+            if it >= 2:
+                times[name].append(float(slowest[0]))
+            if it == 0:
+                check(name)
+    if rank == 0:
+        print("RESULT " + json.dumps({"world": world, "nbytes": nbytes, "tensors": len(sd),
+                                      "times": times}), flush=True)
+    tdist.destroy_process_group()
+    accord.destroy_process_group()
+
+
+def table(results, command):
+    lines = [f"`{command}`", "",
+             "| world | method | time per sync (ms, median) | GB/s | vs gloo loop |",
+             "|---:|---|---:|---:|---:|"]
+    for res in results:
+        med = {k: statistics.median(v) for k, v in res["times"].items()}
+        gloo = med["torch gloo broadcast loop (100 calls)"]
+        for k, v in med.items():
+            lines.append(f"| {res['world']} | {k} | {v * 1e3:.1f} | {res['nbytes'] / v / 1e9:.2f} "
+                         f"| {gloo / v:.1f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", default="2,4", help="world sizes, comma-separated")
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--out", default=os.path.join("benchmarks", "results", "state.md"))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.repeat)
+        return 0
+    command = "python benchmarks/bench_state.py " + " ".join(sys.argv[1:])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    results = []
+    for n in [int(x) for x in args.n.split(",")]:
+        cmd = [sys.executable, "-m", "accord", "run", "-n", str(n), os.path.abspath(__file__),
+               "--worker", "--repeat", str(args.repeat)]
+        print("running: " + " ".join(cmd[1:]), flush=True)
+        out = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        sys.stdout.write("".join(l + "\n" for l in out.stdout.splitlines()
+                                 if not l.startswith("RESULT ")))
+        if out.returncode:
+            print(f"world {n}: failed with exit code {out.returncode}", file=sys.stderr)
+            return out.returncode
+        for line in out.stdout.splitlines():
+            if "RESULT " in line:
+                results.append(json.loads(line.split("RESULT ", 1)[1]))
+    md = table(results, command)
+    print(md)
+    os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
+    with open(os.path.join(ROOT, args.out), "w") as f:
+        f.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
