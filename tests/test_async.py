@@ -211,3 +211,26 @@ def _op_timeout_through_work(rank, world):
 
 def test_operation_timeout_is_reraised_by_wait():
     run_ranks(2, _op_timeout_through_work, timeout=30)
+
+
+def _per_call_timeout(rank, world):
+    g = dist.new_group([0, 1])
+    h = dist.new_group([0, 1])
+    if rank == 0:
+        # rank 1 never joins these: each call fails after its own timeout, not the group's
+        t0 = time.monotonic()
+        with pytest.raises(dist.CommTimeout):
+            dist.broadcast(np.zeros(3), src=1, group=g, timeout=0.5)
+        assert 0.4 < time.monotonic() - t0 < 5
+        t0 = time.monotonic()
+        with pytest.raises(dist.CommTimeout):
+            dist.recv(np.zeros(3), src=1, group=h, timeout=datetime.timedelta(seconds=0.5))
+        assert 0.4 < time.monotonic() - t0 < 5
+    x = np.array([rank + 1])
+    dist.all_reduce(x)
+    assert x[0] == world * (world + 1) // 2
+    return True
+
+
+def test_per_call_timeout():
+    run_ranks(2, _per_call_timeout, timeout=30)
