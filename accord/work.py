@@ -13,11 +13,13 @@ class Work:
 
     def wait(self, timeout=None):
         """Block until done; re-raise the operation's error. Returns True."""
-        try:
-            self._future.result(to_seconds(timeout, "timeout"))
-        except concurrent.futures.TimeoutError:
-            raise CommTimeout(f"Work.wait: {self._desc} did not complete within "
-                              f"{to_seconds(timeout)} s") from None
+        seconds = to_seconds(timeout, "timeout")
+        concurrent.futures.wait([self._future], seconds)
+        if not self._future.done():
+            raise CommTimeout(f"Work.wait: {self._desc} did not complete within {seconds} s "
+                              f"(it keeps running; wait again or let the group's timeout end it)")
+        # the operation's own error, CommTimeout included, with its message intact
+        self._future.result()
         return True
 
     def is_completed(self):
