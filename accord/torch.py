@@ -60,18 +60,28 @@ class AccordWork(dist.Work):
     tensors) before anyone waiting on this Work sees it complete.
     """
 
+    __slots__ = ("_outputs", "_desc", "_after", "_source", "_tfut", "_lock", "_done", "_exc",
+                 "_finished", "_left")
+
     def __init__(self, parts, outputs, desc, after=None, source_rank=-1):
-        super().__init__()
+        dist.Work.__init__(self)
         self._outputs = outputs
         self._desc = desc
-        self._after = after
         self._source = source_rank
         self._tfut = None
-        self._lock = threading.Lock()
-        parts = [p for p in parts if p is not None]
         self._done = None           # concurrent.futures.Future, None once completed inline
         self._exc = None
+        if parts[0] is None and len(parts) == 1:
+            # synchronous: already done on the caller's thread (the fast path)
+            self._finished = True
+            self._lock = None
+            if after is not None:
+                after()
+            return
+        parts = [p for p in parts if p is not None]
         self._finished = not parts
+        self._after = after
+        self._lock = threading.Lock()
         if not parts:
             if after is not None:
                 after()
@@ -143,6 +153,11 @@ class AccordWork(dist.Work):
 
     def get_future(self):
         """A torch.futures.Future whose value is the call's output tensors."""
+        if self._lock is None:
+            if self._tfut is None:
+                self._tfut = torch.futures.Future()
+                self._settle(self._tfut)
+            return self._tfut
         with self._lock:
             if self._tfut is None:
                 self._tfut = torch.futures.Future()
@@ -188,13 +203,13 @@ class _Stage:
         self.back = []
 
     def inp(self, t):
-        if t.device.type == "cpu":
+        if t.is_cpu:
             return t
         _warn_staging(t)
         return t.detach().cpu()
 
     def out(self, t):
-        if t.device.type == "cpu":
+        if t.is_cpu:
             return t
         _warn_staging(t)
         host = t.detach().cpu()
@@ -223,20 +238,21 @@ def _one(tensors, what):
 
 
 _OPS = {}
+_PREMUL_SUM = int(dist.ReduceOp.RedOpType.PREMUL_SUM.value)
 
 
 def _reduce_op(rop):
     """torch ReduceOp -> (accord ReduceOp, premul factor or None)."""
     kind = getattr(rop, "op", rop)
-    op = _OPS.get(kind)
+    value = kind.value
+    op = _OPS.get(value)
     if op is None:
-        name = kind.name
-        if name == "PREMUL_SUM":
+        if value == _PREMUL_SUM:
             return ReduceOp.SUM, rop.factor
         try:
-            op = _OPS[kind] = ReduceOp[name]
+            op = _OPS[value] = ReduceOp[kind.name]
         except KeyError:
-            raise ValueError(f"op: ReduceOp.{name} is not supported by accord") from None
+            raise ValueError(f"op: ReduceOp.{kind.name} is not supported by accord") from None
     return op, None
 
 

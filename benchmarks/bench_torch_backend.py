@@ -1,0 +1,233 @@
+"""torch.distributed with backend "accord" vs backend "gloo", and accord called directly.
+
+    .venv/bin/python benchmarks/bench_torch_backend.py --world 2 \\
+        [--sizes 8,1K,64K,1M,16M,64M] [--repeat 3] [--csv out.csv] [--markdown out.md]
+
+The method is the anchors' (../shared/anchors/bench_gloo.py): ranks started
+with torch.multiprocessing.spawn; for every (op, size) a warm-up, then timed
+blocks of ITERS ops each preceded by a barrier; a block's time is the max
+over ranks; the row is the median block / ITERS; busbw with nccl-tests'
+factors. Tensors are float32 torch tensors of `size` bytes per rank.
+
+Three libraries run in the same rank processes, one after the other (and the
+whole sequence --repeat times, interleaved; each row is the median over the
+repeats, so a burst of outside load does not land on one library only):
+
+    torch-gloo    torch.distributed, init_process_group("gloo")
+    torch-accord  torch.distributed, init_process_group("accord") (import accord.torch)
+    accord        accord's own functions on the same torch tensors
+
+The last table compares torch-accord with accord at 8 bytes: the cost of
+going through torch's Python layer and the backend adapter.
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SIZES = [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+OPS = ["broadcast", "all_gather", "scatter", "all_reduce"]
+LIBS = ["torch-gloo", "torch-accord", "accord"]
+FIELDS = ["lib", "world", "op", "size_bytes", "lat_us", "algbw_GBps", "busbw_GBps", "op_p50_us",
+          "blk_min_us", "iters", "blocks", "repeats"]
+
+
+def plan(size):
+    """(warmup, iters per block, blocks), as the anchors."""
+    if size <= 1 << 10:
+        return 50, 200, 7
+    if size <= 64 << 10:
+        return 20, 100, 7
+    if size <= 1 << 20:
+        return 5, 20, 7
+    if size <= 16 << 20:
+        return 2, 5, 5
+    return 1, 3, 5
+
+
+def bus_factor(op, n):
+    return {"broadcast": 1.0, "all_gather": (n - 1) / n,
+            "scatter": (n - 1) / n, "all_reduce": 2 * (n - 1) / n}[op]
+
+
+def parse_size(text):
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def _init(lib, rank, world, path):
+    if lib == "accord":
+        import accord
+        accord.init_process_group(init_method=f"file://{path}", rank=rank, world_size=world,
+                                  timeout=300)
+        return accord
+    import torch.distributed as dist
+    dist.init_process_group(lib.split("-", 1)[1], init_method=f"file://{path}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=300))
+    return dist
+
+
+def _bench_lib(D, lib, rank, world, sizes, ops):
+    import torch
+    rows = []
+    for size in sizes:
+        numel = size // 4
+        x = torch.full((numel,), float(rank + 1))
+        gl = [torch.empty(numel) for _ in range(world)]
+        sc = [torch.full((numel,), float(i)) for i in range(world)] if rank == 0 else None
+        y = torch.empty(numel)
+        z = torch.zeros(numel)
+        fns = {
+            "broadcast": lambda: D.broadcast(x, src=0),
+            "all_gather": lambda: D.all_gather(gl, x),
+            "scatter": lambda: D.scatter(y, sc, src=0),
+            "all_reduce": lambda: D.all_reduce(z, op=D.ReduceOp.SUM),
+        }
+        warm, iters, blocks = plan(size)
+        for op in ops:
+            fn = fns[op]
+            for _ in range(warm):
+                fn()
+            times, per_op = [], []
+            for _ in range(blocks):
+                D.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    t1 = time.perf_counter()
+                    fn()
+                    per_op.append(time.perf_counter() - t1)
+                times.append((time.perf_counter() - t0) / iters)
+            t = torch.tensor(times + [statistics.median(per_op)], dtype=torch.float64)
+            D.all_reduce(t, op=D.ReduceOp.MAX)
+            t = t.tolist()
+            blk, p50 = t[:-1], t[-1]
+            rows.append((lib, world, op, size, statistics.median(blk), p50, min(blk), iters,
+                         blocks))
+    return rows
+
+
+def worker(rank, world, tmp, sizes, ops, repeat, libs, queue):
+    import torch
+    torch.set_num_threads(1)
+    import accord.torch  # noqa: F401  registers the backend
+    out = []
+    n = 0
+    for rep in range(repeat):
+        for lib in libs:
+            n += 1
+            D = _init(lib, rank, world, os.path.join(tmp, f"store{n}"))
+            out += _bench_lib(D, lib, rank, world, sizes, ops)
+            D.barrier()
+            D.destroy_process_group()
+            if rank == 0:
+                print(f"  repeat {rep + 1}/{repeat}: {lib} done", file=sys.stderr, flush=True)
+    if rank == 0:
+        queue.put(out)
+
+
+def summarize(raw, world):
+    """Median over repeats of each (lib, op, size) -> rows of FIELDS."""
+    groups = {}
+    for lib, w, op, size, med, p50, bmin, iters, blocks in raw:
+        groups.setdefault((lib, op, size), []).append((med, p50, bmin, iters, blocks))
+    rows = []
+    for (lib, op, size), runs in groups.items():
+        med = statistics.median(r[0] for r in runs)
+        p50 = statistics.median(r[1] for r in runs)
+        bmin = min(r[2] for r in runs)
+        S = size * world if op in ("all_gather", "scatter") else size
+        algbw = S / med / 1e9
+        rows.append(dict(lib=lib, world=world, op=op, size_bytes=size, lat_us=med * 1e6,
+                         algbw_GBps=algbw, busbw_GBps=algbw * bus_factor(op, world),
+                         op_p50_us=p50 * 1e6, blk_min_us=bmin * 1e6, iters=runs[0][3],
+                         blocks=runs[0][4], repeats=len(runs)))
+    return rows
+
+
+def _fmt_size(n):
+    for unit, k in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k}{unit}"
+    return str(n)
+
+
+def markdown(rows, world, libs, command):
+    by = {(r["lib"], r["op"], r["size_bytes"]): r for r in rows}
+    sizes = sorted({r["size_bytes"] for r in rows})
+    ops = [op for op in OPS if any(r["op"] == op for r in rows)]
+    lines = [f"`{command}`", "",
+             f"world {world}, float32, latency in µs (median block / iters, max over ranks) "
+             f"and busbw in GB/s", ""]
+    head = ["op", "size"] + [f"{lib} µs" for lib in libs] + [f"{lib} GB/s" for lib in libs]
+    if "torch-gloo" in libs and "torch-accord" in libs:
+        head.append("gloo/accord")
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for op in ops:
+        for size in sizes:
+            cells = [op, _fmt_size(size)]
+            cells += [f"{by[(lib, op, size)]['lat_us']:.1f}" if (lib, op, size) in by else "-"
+                      for lib in libs]
+            cells += [f"{by[(lib, op, size)]['busbw_GBps']:.3f}" if (lib, op, size) in by
+                      else "-" for lib in libs]
+            if "torch-gloo" in libs and "torch-accord" in libs:
+                g, a = by.get(("torch-gloo", op, size)), by.get(("torch-accord", op, size))
+                cells.append(f"{g['lat_us'] / a['lat_us']:.2f}x" if g and a else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+    if "accord" in libs and "torch-accord" in libs and 8 in sizes:
+        lines += ["", "overhead of the torch path at 8 bytes (target: within 1.5x of accord "
+                  "called directly)", "", "| op | torch-accord µs | accord µs | ratio |",
+                  "|---|---|---|---|"]
+        for op in ops:
+            t, a = by.get(("torch-accord", op, 8)), by.get(("accord", op, 8))
+            if t and a:
+                lines.append(f"| {op} | {t['lat_us']:.1f} | {a['lat_us']:.1f} | "
+                             f"{t['lat_us'] / a['lat_us']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--sizes", default="8,1K,64K,1M,16M,64M")
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--libs", default=",".join(LIBS))
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--csv", default="")
+    ap.add_argument("--markdown", default="")
+    a = ap.parse_args()
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    ops = a.ops.split(",")
+    libs = a.libs.split(",")
+    command = "python benchmarks/bench_torch_backend.py " + " ".join(sys.argv[1:])
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory(prefix="accord-bench-torch-") as tmp:
+        mp.spawn(worker, args=(a.world, tmp, sizes, ops, a.repeat, libs, q), nprocs=a.world,
+                 join=True)
+        raw = q.get()
+    rows = summarize(raw, a.world)
+    md = markdown(rows, a.world, libs, command)
+    print(md)
+    if a.csv:
+        with open(a.csv, "w") as f:
+            f.write(",".join(FIELDS) + "\n")
+            for r in rows:
+                f.write(",".join(f"{r[k]:.4f}" if isinstance(r[k], float) else str(r[k])
+                                 for k in FIELDS) + "\n")
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(md)
+
+
+if __name__ == "__main__":
+    main()
