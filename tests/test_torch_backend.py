@@ -151,6 +151,20 @@ def program(rank, world, backend):
     wk = dist.all_gather_into_tensor(big, _val(rank, 4, torch.float32), async_op=True)
     out["async/all_gather_into_tensor"] = [t.clone() for t in wk.get_future().wait()]
 
+    # functional collectives: torch's C++ layer calls the group (the path DTensor takes)
+    import torch.distributed._functional_collectives as funcol
+    W = dist.group.WORLD
+    ag = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+    rs = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+    res = {"all_reduce": funcol.all_reduce(_val(rank, 4, torch.float32), "sum", W),
+           "all_gather": ag(_val(rank, 3, torch.float32), 0, W),
+           "reduce_scatter": rs(_val(rank, 2 * world, torch.float32), "sum", 0, W),
+           "all_to_all": funcol.all_to_all_single(_val(rank, world, torch.float32), None,
+                                                  None, W),
+           "broadcast": funcol.broadcast(_val(rank, 3, torch.int64), last, W)}
+    out["funcol"] = {k: funcol.wait_tensor(v).clone() if hasattr(funcol, "wait_tensor")
+                     else torch.as_tensor(v).clone() for k, v in res.items()}
+
     # point to point: ring with send/recv, isend/irecv, batch_isend_irecv
     if world > 1:
         nxt, prv = (rank + 1) % world, (rank - 1) % world

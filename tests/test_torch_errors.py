@@ -10,6 +10,7 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch._dynamo  # noqa: E402,F401  (DDP imports it lazily: once here, not per rank)
 import torch.distributed as dist  # noqa: E402
 
 import accord  # noqa: E402
@@ -33,20 +34,26 @@ def peer_dies(rank, world, backend, mode):
     t = torch.ones(4)
     if mode == "sync":
         return _catch(lambda: dist.all_reduce(t))
+    if mode == "funcol":            # torch's C++ layer calls the group, then waits
+        import torch.distributed._functional_collectives as funcol
+        return _catch(lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", dist.group.WORLD)))
+    if mode == "ddp":               # DDP's constructor checks parameters with allgather (C++)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return _catch(lambda: DDP(torch.nn.Linear(2, 2)))
     w = dist.all_reduce(t, async_op=True)
     fut = w.get_future()
     err = _catch(lambda: w.wait())
     return [err, _catch(lambda: fut.wait()), w.is_completed(), w.is_success()]
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "funcol", "ddp"])
 def test_peer_lost(mode):
     res = run_torch(2, peer_dies, mode, timeout=30, expect_fail=True)
     assert res[1][0] == "died"
     kind, out = res[0]
     assert kind == "ok", out
     got = out["accord"]
-    if mode == "sync":
+    if mode != "async":
         name, msg, is_accord = got
         assert name == "PeerLost" and is_accord, got
         assert "rank 1" in msg, msg
