@@ -4,7 +4,9 @@
 
 Prints 8-byte broadcast and barrier latency (µs, mean over many calls, the
 slowest rank) and broadcast / all_gather / all_reduce (float32) algorithm
-bandwidth (GB/s: bytes per rank / time, the slowest rank) for each transport.
+bandwidth for each transport (GB/s, nccl-tests' algbw as in ../shared/anchors:
+buffer bytes / time, all_gather counting its whole output; the slowest rank).
+Sizes are per rank.
 memcpy speed depends on GLIBC_TUNABLES (see ../shared/notes/machine-limits.md);
 the setting in effect is printed.
 """
@@ -48,11 +50,16 @@ def _ranks(rank, world, sizes, iters):
         for name, fn in ops.items():
             fn()
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(iters):
                 fn()
+            cpu = (time.process_time() - c0) / iters
             dist.barrier()
-            out[f"{name} {nbytes >> 20} MiB"] = nbytes / ((time.perf_counter() - t0) / iters) / 1e9
+            # nccl-tests' algbw: all_gather counts the whole output (world x per-rank bytes)
+            total = nbytes * world if name == "all_gather" else nbytes
+            out[f"{name} {nbytes >> 20} MiB"] = total / ((time.perf_counter() - t0) / iters) / 1e9
+            # CPU time (user + system) per call: what a loaded machine cannot blur
+            out[f"{name} {nbytes >> 20} MiB cpu"] = cpu * 1e3
     return out
 
 
@@ -71,21 +78,22 @@ def main():
         for tr in a.transports.split(","):
             per_rank = run_ranks(world, _ranks, sizes, a.iters, env={"ACCORD_TRANSPORT": tr},
                                  timeout=600)
-            res[tr] = {k: (max(r[k] for r in per_rank) if "B" in k.split()[-1] and "MiB" not in k
-                           or k == "barrier" else min(r[k] for r in per_rank))
+            # the slowest rank: highest latency or CPU time, lowest bandwidth
+            res[tr] = {k: (min if k.endswith("MiB") else max)(r[k] for r in per_rank)
                        for k in per_rank[0]}
         trs = list(res)
         print(f"\nworld {world}")
-        print(f"| metric | " + " | ".join(trs) + (" | shm/tcp |" if len(trs) == 2 else " |"))
+        print("| metric | " + " | ".join(trs) + (" | shm vs tcp |" if len(trs) == 2 else " |"))
         print("|---|" + "---:|" * (len(trs) + (len(trs) == 2)))
         for k in res[trs[0]]:
-            unit = "µs" if k in ("barrier", "broadcast 8 B") else "GB/s"
+            unit = "µs" if k in ("barrier", "broadcast 8 B") else \
+                "ms/call" if k.endswith("cpu") else "GB/s"
             vals = [res[t][k] for t in trs]
             ratio = ""
             if len(trs) == 2:
-                ratio = f" | {vals[1] / vals[0]:.1f}x faster" if unit == "µs" else \
-                    f" | {vals[0] / vals[1]:.1f}x"
-            print(f"| {k} ({unit}) | " + " | ".join(f"{v:.2f}" if unit == "GB/s" else f"{v:.1f}"
+                ratio = f" | {vals[0] / vals[1]:.1f}x" if unit == "GB/s" else \
+                    f" | {vals[1] / vals[0]:.1f}x less"
+            print(f"| {k} ({unit}) | " + " | ".join(f"{v:.1f}" if unit == "µs" else f"{v:.2f}"
                                                    for v in vals) + ratio + " |")
 
 

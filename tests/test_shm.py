@@ -400,3 +400,23 @@ def test_auto_falls_back_to_tcp_together_when_shm_fails_on_one_rank():
     assert out == [("TcpTransport", 6)] * 3
     out = run_ranks(3, _no_room, env={"WANT_TRANSPORT": "shm"}, init=False, timeout=60)
     assert all(kind == "error" and "rank 1" in msg and "No space" in msg for kind, msg in out), out
+
+
+def _fork_child_exits(rank, world):
+    x = np.full(4, rank + 1, np.int64)
+    dist.all_reduce(x)
+    pid = os.fork()
+    if pid == 0:
+        # a child that leaves through atexit (accord's hook closes the groups it inherited)
+        import atexit
+        atexit._run_exitfuncs()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    if rank == 0:
+        time.sleep(1.5)     # rank 1 sleeps meanwhile, checking on its peers
+    dist.all_reduce(x)
+    return int(x[0])
+
+
+def test_forked_child_exit_does_not_leave_the_parents_group():
+    assert run_ranks(2, _fork_child_exits, env=SHM, timeout=60) == [6, 6]

@@ -397,10 +397,10 @@ class ShmTransport:
         self.links = {p: _Link(self, p) for p in range(size) if p != rank}
         self.arena_path = ""
         self._pidfds = {}
+        self._pid = os.getpid()
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
         # more ranks than cores: a spinning rank takes the core its peer needs
-        self._yield = True
         self._spin_s = SPIN_US * 1e-6 if size <= ncpu else 0.0
         self._last_check = time.monotonic()
 
@@ -538,15 +538,13 @@ class ShmTransport:
                             q[i] = 0
                         flags = None
                     continue
-                # spin a little (yielding the core to anyone who needs it), then sleep
+                # spin a little where every rank has a core, then sleep
                 if spins == 0:
                     spin_end = time.perf_counter() + self._spin_s
                     spins = 1
                     continue
-                if spins < 3 or time.perf_counter() < spin_end:
+                if time.perf_counter() < spin_end:
                     spins += 1
-                    if self._yield:
-                        os.sched_yield()
                     continue
                 if flags is None:
                     self._check_abort()
@@ -660,7 +658,7 @@ class ShmTransport:
         if self.broken is not None:
             return
         self.broken = exc
-        if self._arena is None:
+        if self._arena is None or os.getpid() != self._pid:
             return
         msg = encode_error(exc)[:_RANK_BLOCK - _R_ABORT_MSG]
         me = self.rank_offset(self.rank)
@@ -674,6 +672,12 @@ class ShmTransport:
 
     def close(self):
         if self._arena is None:
+            return
+        if os.getpid() != self._pid:
+            # a forked child leaving (its atexit hooks run close): the arena and the
+            # "departed" flag belong to the parent, which is still a member
+            self._arena = None
+            self.links = {}
             return
         me = self.rank_offset(self.rank)
         self.q[(me + _R_DEPARTED) // 8] = 1
