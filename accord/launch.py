@@ -212,6 +212,7 @@ class _Launcher:
         self.ranks = []
         self.events = queue.SimpleQueue()   # ("exit", rank) / ("signal", signum); put() is reentrant
         self.store = None
+        self.token = ""         # the store's shared secret, passed to the ranks
 
     # -- store and environment
 
@@ -235,8 +236,17 @@ class _Launcher:
         except ImportError as exc:
             _say(f"warning: cannot host the store ({exc}); rank 0 will host it")
             return ""
+        # a secret for this job's store: the user's ACCORD_STORE_TOKEN, else (one node,
+        # where no other launcher must know it) a fresh one the ranks inherit
+        from accord.options import Options
+        import secrets
         try:
-            self.store = TCPStoreServer(host=bind, port=port)
+            user_token = Options.from_env().store_token
+        except ValueError:
+            user_token = ""
+        self.token = user_token or (secrets.token_hex(16) if cfg.nnodes == 1 else "")
+        try:
+            self.store = TCPStoreServer(host=bind, port=port, token=self.token)
         except OSError as exc:
             raise RuntimeError(f"cannot start the rendezvous store on {bind}:{port}: {exc}") \
                 from exc
@@ -266,6 +276,8 @@ class _Launcher:
             env.setdefault("OMP_NUM_THREADS", "1")
         if store_address:
             env["ACCORD_LAUNCHER_STORE"] = store_address
+            if self.token:
+                env["ACCORD_STORE_TOKEN"] = self.token
         else:
             env.pop("ACCORD_LAUNCHER_STORE", None)
         env.update(cfg.extra_env)

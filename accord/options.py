@@ -71,6 +71,9 @@ class Options:
     # "host:port" of the rendezvous store hosted by `accord run` (every rank,
     # rank 0 included, connects to it as a client); empty when there is none.
     launcher_store_addr: str = ""
+    # Shared secret a TCPStore client must prove it knows (ACCORD_STORE_TOKEN;
+    # `accord run` generates one for the store it hosts). Empty: no check.
+    store_token: str = ""
     # Bytes of shared memory per group per host (the rings between its local ranks).
     shm_arena: int = 64 << 20
     # Messages of at least this many bytes go single-copy (process_vm_readv) where
@@ -99,6 +102,7 @@ class Options:
             addr=env.get("ACCORD_ADDR", ""),
             launcher_store_addr=_parse_host_port(env.get("ACCORD_LAUNCHER_STORE", ""),
                                                  "ACCORD_LAUNCHER_STORE"),
+            store_token=env.get("ACCORD_STORE_TOKEN", "").strip(),
             shm_arena=_parse_bytes(env.get("ACCORD_SHM_ARENA", ""), "ACCORD_SHM_ARENA", 64 << 20),
             shm_cma_min=_parse_bytes(env.get("ACCORD_SHM_CMA", ""), "ACCORD_SHM_CMA", 1 << 20),
         )

@@ -9,7 +9,11 @@ vanished without closing the connection.
 """
 import atexit
 import errno
+import hashlib
+import hmac
+import logging
 import os
+import secrets
 import select
 import socket
 import threading
@@ -19,11 +23,26 @@ from .errors import AccordError, CommTimeout, PeerLost
 from .store import DEFAULT_STORE_TIMEOUT, Store, Table, _amount, _key, _keys, _value, timeout_error
 
 _MAGIC = b"accord-store-1"
-_HELLO, _SET, _GET, _ADD, _CAS, _CHECK, _WAIT, _DELETE, _NUM_KEYS = range(1, 10)
+_HELLO, _SET, _GET, _ADD, _CAS, _CHECK, _WAIT, _DELETE, _NUM_KEYS, _AUTH = range(1, 11)
 _OK, _TIMEOUT, _VALUE_ERROR, _ERROR = range(4)
 _MAX_FRAME = 1 << 31            # values may be large, but not absurd
 _MAX_FIRST_FRAME = 1024         # before HELLO: a stray client (HTTP, a probe) sends junk
 _GRACE_S = 5.0                  # client-side slack over a server-side wait
+_AUTH_TAG = b"auth-hmac-sha256"
+log = logging.getLogger("accord.store")
+
+
+def _proof(token, nonce):
+    return hmac.new(token.encode(), nonce, hashlib.sha256).digest()
+
+
+def default_token():
+    """ACCORD_STORE_TOKEN, through options (the only reader of ACCORD_* variables)."""
+    from .options import Options
+    try:
+        return Options.from_env().store_token
+    except ValueError:
+        return ""
 
 
 class AddressInUse(AccordError, OSError):
@@ -101,8 +120,11 @@ def _peer_gone(sock):
 class TCPStoreServer:
     """Serves one Table over TCP; a daemon thread per client connection."""
 
-    def __init__(self, host="0.0.0.0", port=0, display_host=None):
+    def __init__(self, host="0.0.0.0", port=0, display_host=None, token=None):
         self.host = host
+        # token: a shared secret clients must prove they know (HMAC of a nonce); None reads
+        # ACCORD_STORE_TOKEN, "" turns the check off
+        self._token = default_token() if token is None else token
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         # SO_REUSEADDR lets a new job bind while the old one's sockets sit in
@@ -182,12 +204,31 @@ class TCPStoreServer:
     def _serve(self, sock):
         conn, greeted = _Conn(sock), False
         try:
+            peer = "%s:%s" % sock.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        try:
+            nonce = None
             while not self._closed:
                 code, fields = _parse(conn.read_frame(_MAX_FRAME if greeted else _MAX_FIRST_FRAME))
                 if not greeted:
-                    if code != _HELLO or fields != [_MAGIC]:
+                    if nonce is not None:
+                        if code != _AUTH or len(fields) != 1 or not hmac.compare_digest(
+                                fields[0], _proof(self._token, nonce)):
+                            log.warning("store :%s: dropped client %s: authentication failed "
+                                        "(wrong or missing ACCORD_STORE_TOKEN)", self.port, peer)
+                            sock.sendall(_frame(_ERROR, [b"authentication failed: wrong or "
+                                                         b"missing ACCORD_STORE_TOKEN"]))
+                            return
+                    elif code != _HELLO or fields != [_MAGIC]:
+                        log.warning("store :%s: dropped client %s: not an accord store client",
+                                    self.port, peer)
                         sock.sendall(_frame(_ERROR, [b"not an accord store client"]))
                         return
+                    elif self._token:
+                        nonce = secrets.token_bytes(16)
+                        sock.sendall(_frame(_OK, [_AUTH_TAG, nonce]))
+                        continue
                     greeted = True
                     with self._table.cond:
                         self._clients += 1
@@ -195,8 +236,10 @@ class TCPStoreServer:
                     sock.sendall(_frame(_OK))
                     continue
                 sock.sendall(self._handle(code, fields, sock))
-        except (EOFError, OSError, _BadFrame):
-            pass   # client gone, server closing, or a peer speaking nonsense
+        except _BadFrame as e:
+            log.warning("store :%s: dropped client %s: malformed request (%s)", self.port, peer, e)
+        except (EOFError, OSError):
+            pass   # client gone or server closing
         finally:
             with self._table.cond:
                 self._conns.discard(sock)
@@ -248,8 +291,9 @@ class TCPStore(Store):
     """
 
     def __init__(self, host, port, world_size=None, is_master=False,
-                 timeout=DEFAULT_STORE_TIMEOUT, wait_for_workers=False):
+                 timeout=DEFAULT_STORE_TIMEOUT, wait_for_workers=False, token=None):
         super().__init__(timeout)
+        self._token = default_token() if token is None else token
         self.host, self.world_size = host, world_size
         self._server = None
         self._sock = None
@@ -261,7 +305,8 @@ class TCPStore(Store):
         if is_master:
             # Listen on every interface (as torch does) so other hosts reach
             # MASTER_ADDR; talk to it over loopback, which cannot be misrouted.
-            self._server = TCPStoreServer("::" if v6 else "0.0.0.0", port, display_host=host)
+            self._server = TCPStoreServer("::" if v6 else "0.0.0.0", port, display_host=host,
+                                          token=self._token)
             port = self._server.port
             atexit.register(self.close)
         elif not port:
@@ -303,10 +348,20 @@ class TCPStore(Store):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._conn = sock, _Conn(sock)
         try:
-            self._call(_HELLO, [_MAGIC])
+            reply = self._call(_HELLO, [_MAGIC])
         except AccordError as e:
             raise AccordError(f"the service at {host}:{port} is not an accord store "
                               f"(handshake failed: {e})") from None
+        if reply[:1] == [_AUTH_TAG]:
+            if not self._token:
+                self._drop()
+                raise AccordError(f"the store at {host}:{port} requires a token: set "
+                                  f"ACCORD_STORE_TOKEN to the job's shared secret")
+            try:
+                self._call(_AUTH, [_proof(self._token, reply[1])])
+            except AccordError as e:
+                raise AccordError(f"the store at {host}:{port} refused this client: {e}") \
+                    from None
 
     def _call(self, code, fields, wait=None):
         """One request/response; `wait` is the server-side wait, if any."""
