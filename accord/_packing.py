@@ -18,26 +18,48 @@ def is_tensor(obj):
     return isinstance(obj, np.ndarray) or is_torch_tensor(obj)
 
 
+_NAMES = {}
+
+
+def _dtype_name(dtype):
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = dtype.name
+    return name
+
+
 def tensor_view(obj, name, writable=True):
-    """(numpy view sharing obj's memory, dtype code, dtype name); TypeError/ValueError if not."""
+    """(numpy view sharing obj's memory, dtype code, dtype name); TypeError/ValueError if not.
+
+    name: the argument's name for messages, or a callable returning it."""
     if isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject or obj.dtype.kind not in "biufcmMV":
-            raise TypeError(f"{name}: dtype {obj.dtype} cannot be sent")
+        dt = obj.dtype
+        if dt.hasobject or dt.kind not in "biufcmMV":
+            raise TypeError(f"{_name(name)}: dtype {obj.dtype} cannot be sent")
         if writable and not obj.flags.writeable:
-            raise ValueError(f"{name}: array is read-only but the call writes into it")
-        return obj, obj.dtype.num, obj.dtype.name
+            raise ValueError(f"{_name(name)}: array is read-only but the call writes into it")
+        return obj, dt.num, _dtype_name(dt)
+    return _torch_view(obj, name)
+
+
+def _name(name):
+    return name() if callable(name) else name
+
+
+def _torch_view(obj, name):
     torch = sys.modules["torch"]
     if obj.device.type != "cpu":
-        raise TypeError(f"{name}: tensor on device {obj.device} is not supported by accord's "
-                        f"core; move it to the CPU")
+        raise TypeError(f"{_name(name)}: tensor on device {obj.device} is not supported by "
+                        f"accord's core; move it to the CPU")
     t = obj.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy(), BF16_CODE, "bfloat16"
     try:
         arr = t.numpy()
     except (TypeError, RuntimeError) as e:
-        raise TypeError(f"{name}: torch dtype {t.dtype} cannot cross a buffer: {e}") from None
-    return arr, arr.dtype.num, arr.dtype.name
+        raise TypeError(f"{_name(name)}: torch dtype {t.dtype} cannot cross a buffer: "
+                        f"{e}") from None
+    return arr, arr.dtype.num, _dtype_name(arr.dtype)
 
 
 def check_bucket_bytes(bucket_bytes):
@@ -89,20 +111,32 @@ class Bucket:
             return self.array.view(sys.modules["torch"].int16).numpy()
         return self.array
 
+    def _pairs(self):
+        """(tensor memory, bucket slice) pairs, shaped alike; contiguous ones flattened."""
+        flat = self.flat()
+        pairs = []
+        for v, off in zip(self.views, self.offsets):
+            if v.flags.c_contiguous:
+                pairs.append((v.reshape(-1), flat[off:off + v.size]))
+            else:
+                pairs.append((v, flat[off:off + v.size].reshape(v.shape)))
+        return pairs
+
     def pack(self):
         if self.direct:
             return
-        flat = self.flat()
-        for v, off in zip(self.views, self.offsets):
-            np.copyto(flat[off:off + v.size].reshape(v.shape), v, casting="no")
+        copyto = np.copyto
+        for v, b in self._pairs():
+            copyto(b, v)
 
     def unpack(self, indices=None):
         if self.direct:
             return
-        flat = self.flat()
-        for i in (range(len(self.views)) if indices is None else indices):
-            v, off = self.views[i], self.offsets[i]
-            np.copyto(v, flat[off:off + v.size].reshape(v.shape), casting="no")
+        pairs = self._pairs()
+        copyto = np.copyto
+        for i in (range(len(pairs)) if indices is None else indices):
+            v, b = pairs[i]
+            copyto(v, b)
 
 
 def plan_buckets(items, bucket_bytes, direct_ok=True):

@@ -17,7 +17,7 @@ How it goes, on every rank of the group:
    (default 25 MiB); each bucket is one broadcast collective (one sequence
    number, one stamp). Inside it, tensors under 64 KiB are packed into one
    array; larger ones are sent from and received into the caller's memory
-   directly, in 1 MiB pieces along a chain of ranks, so a rank forwards piece
+   directly, in pieces of about 4 MiB along a chain of ranks, so a rank forwards piece
    i while it receives piece i+1. Nothing large is copied outside the
    transport.
 """
@@ -82,12 +82,12 @@ def flatten(tree, writable=True):
         elif is_tensor(node):
             leaf = _Leaf(path, node)
             try:
-                leaf.view, leaf.code, leaf.dtype = tensor_view(node, fmt_path(path), writable)
+                leaf.view, leaf.code, leaf.dtype = tensor_view(node, lambda: fmt_path(path),
+                                                               writable)
             except (TypeError, ValueError) as e:
                 leaf.error = str(e)
                 leaf.dtype = "?"
-            shape = tuple(int(s) for s in node.shape)
-            sig.append((path, "tensor", leaf.dtype, shape))
+            sig.append((path, "tensor", leaf.dtype, tuple(node.shape)))
             leaves.append(leaf)
         else:
             sig.append((path, "object"))
@@ -226,7 +226,7 @@ def broadcast_state(obj, src=None, group=None, async_op=False, bucket_bytes=None
 
 
 SMALL_BYTES = 64 << 10     # tensors below this are packed; larger ones move in place
-PIECE_BYTES = 1 << 20      # large tensors move in pieces of this size, so a chain pipelines
+PIECE_BYTES = 4 << 20      # large tensors move in pieces of about this size (a chain pipelines)
 
 
 def _broadcast_bucket(g, root, bucket, async_op, timeout):
@@ -240,7 +240,11 @@ def _broadcast_bucket(g, root, bucket, async_op, timeout):
         else:
             flat = v.reshape(-1)
             per = max(1, PIECE_BYTES // flat.itemsize)
-            pieces.extend(flat[i:i + per] for i in range(0, flat.size, per))
+            cuts = list(range(0, flat.size, per))
+            if len(cuts) > 1 and flat.size - cuts[-1] < per // 2:
+                cuts.pop()                  # no small tail piece: merge it into the last
+            cuts.append(flat.size)
+            pieces.extend(flat[a:b] for a, b in zip(cuts, cuts[1:]))
     is_root = g.rank == root
     if small.views:
         small.allocate()

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_state.py [-n 2,4] [--repeat 15] [--out FILE]
 
 A state dict of 100 float32 tensors, about 50 MiB in all (sizes from 4 KiB to
-2 MiB, as in a small transformer), is sent from rank 0 to every rank:
+2 MiB, geometric), is sent from rank 0 to every rank; then one of 1000 tensors,
+about 10 MiB (sizes from 0.5 KiB to 128 KiB: where per-call costs dominate):
 
 - accord.broadcast_state(sd)                 (dtype buckets of 25 MiB)
 - for t in sd.values(): accord.broadcast(t)   (the naive loop, on accord)
@@ -29,8 +30,8 @@ MiB = 1 << 20
 
 def make_state(rank, n=100, total=50 * MiB):
     import torch
-    # geometric sizes between 4 KiB and 2 MiB, scaled to the total
-    raw = [4096 * (512 ** (i / (n - 1))) for i in range(n)]
+    # geometric sizes spanning a factor of 512, scaled to the total
+    raw = [512 ** (i / (n - 1)) for i in range(n)]
     scale = total / sum(raw)
     sizes = [max(1, int(r * scale) // 4) for r in raw]
     g = torch.Generator().manual_seed(0)
@@ -56,9 +57,19 @@ def worker(repeat):
     port = os.environ["MASTER_PORT"]
     tdist.init_process_group("gloo", init_method=f"file:///tmp/accord-bench-state-{port}",
                              rank=rank, world_size=world)
-    sd = make_state(rank)
+    for n, total in CONFIGS:
+        sd = make_state(rank, n, total)
+        run_config(sd, make_state(0, n, total), rank, world, repeat, tdist, torch, accord)
+    tdist.destroy_process_group()
+    accord.destroy_process_group()
+
+
+CONFIGS = [(100, 50 * MiB), (1000, 10 * MiB)]
+
+
+def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
     nbytes = sum(t.numel() * 4 for t in sd.values())
-    ref = make_state(0)
+    n = len(sd)
 
     def reset():
         if rank != 0:
@@ -88,9 +99,9 @@ def worker(repeat):
             tdist.broadcast(t, src=0)
 
     methods = [("accord.broadcast_state(sd)", state),
-               ("accord.broadcast loop (100 calls)", loop),
+               ("accord.broadcast loop", loop),
                ("accord.broadcast loop in coalescing()", coalesced),
-               ("torch gloo broadcast loop (100 calls)", gloo)]
+               ("torch gloo broadcast loop", gloo)]
     times = {name: [] for name, _ in methods}
     import numpy as np
     slowest = np.zeros(1)
@@ -107,22 +118,21 @@ def worker(repeat):
             if it == 0:
                 check(name)
     if rank == 0:
-        print("RESULT " + json.dumps({"world": world, "nbytes": nbytes, "tensors": len(sd),
+        print("RESULT " + json.dumps({"world": world, "nbytes": nbytes, "tensors": n,
                                       "times": times}), flush=True)
-    tdist.destroy_process_group()
-    accord.destroy_process_group()
 
 
 def table(results, command):
     lines = [f"`{command}`", "",
-             "| world | method | time per sync (ms, median) | GB/s | vs gloo loop |",
-             "|---:|---|---:|---:|---:|"]
+             "| world | state dict | method | time per sync (ms, median) | GB/s | vs gloo loop |",
+             "|---:|---|---|---:|---:|---:|"]
     for res in results:
         med = {k: statistics.median(v) for k, v in res["times"].items()}
-        gloo = med["torch gloo broadcast loop (100 calls)"]
+        gloo = med["torch gloo broadcast loop"]
+        what = f"{res['tensors']} float32 tensors, {res['nbytes'] / MiB:.0f} MiB"
         for k, v in med.items():
-            lines.append(f"| {res['world']} | {k} | {v * 1e3:.1f} | {res['nbytes'] / v / 1e9:.2f} "
-                         f"| {gloo / v:.1f}x |")
+            lines.append(f"| {res['world']} | {what} | {k} | {v * 1e3:.1f} | "
+                         f"{res['nbytes'] / v / 1e9:.2f} | {gloo / v:.1f}x |")
     return "\n".join(lines) + "\n"
 
 
