@@ -238,19 +238,13 @@ def _broadcast_bucket(g, root, bucket, async_op, timeout):
         if v.nbytes < SMALL_BYTES or not v.flags.c_contiguous:
             small.add(v)
         else:
-            flat = v.reshape(-1)
-            per = max(1, PIECE_BYTES // flat.itemsize)
-            cuts = list(range(0, flat.size, per))
-            if len(cuts) > 1 and flat.size - cuts[-1] < per // 2:
-                cuts.pop()                  # no small tail piece: merge it into the last
-            cuts.append(flat.size)
-            pieces.extend(flat[a:b] for a, b in zip(cuts, cuts[1:]))
+            pieces.extend(_pieces(v.reshape(-1)))
     is_root = g.rank == root
     if small.views:
         small.allocate()
         if is_root:
             small.pack()
-        pieces.insert(0, small.flat())
+        pieces[:0] = _pieces(small.flat())
     total = sum(p.nbytes for p in pieces)
     name = "bfloat16" if bucket.code == BF16_CODE else bucket.views[0].dtype.name
 
@@ -261,6 +255,16 @@ def _broadcast_bucket(g, root, bucket, async_op, timeout):
             small.unpack()
     # stamped as one broadcast of `total` bytes: every rank's layout is the same
     return api._run(g, "broadcast", body, async_op, timeout, (root, bucket.code, 0, total, name))
+
+
+def _pieces(flat):
+    """flat in pieces of about PIECE_BYTES, without a small tail piece."""
+    per = max(1, PIECE_BYTES // flat.itemsize)
+    cuts = list(range(0, flat.size, per))
+    if len(cuts) > 1 and flat.size - cuts[-1] < per // 2:
+        cuts.pop()
+    cuts.append(flat.size)
+    return [flat[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 def _chain(c, pieces, root):
