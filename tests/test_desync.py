@@ -134,8 +134,11 @@ def _cross_groups(rank, world):
     g = dist.new_group([0, 1])
     x = np.ones(4, np.float32)
     if rank == 0:
-        return _timed(lambda: (dist.all_reduce(x, group=g, timeout=1.5), dist.all_reduce(x)))
-    return _timed(lambda: (dist.all_reduce(x, timeout=1.5), dist.all_reduce(x, group=g)))
+        out = _timed(lambda: (dist.all_reduce(x, group=g, timeout=1.5), dist.all_reduce(x)))
+    else:
+        out = _timed(lambda: (dist.all_reduce(x, timeout=1.5), dist.all_reduce(x, group=g)))
+    time.sleep(1.0)     # leave no earlier than the other rank's timeout
+    return out
 
 
 def test_collectives_in_different_group_orders_are_explained():
