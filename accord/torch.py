@@ -71,7 +71,7 @@ class AccordWork(dist.Work):
         self._tfut = None
         self._done = None           # concurrent.futures.Future, None once completed inline
         self._exc = None
-        if parts[0] is None and len(parts) == 1:
+        if len(parts) == 1 and parts[0] is None:
             # synchronous: already done on the caller's thread (the fast path)
             self._finished = True
             self._lock = None
