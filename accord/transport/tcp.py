@@ -166,7 +166,7 @@ class Link:
             h, dest, off, owner = self.incoming
             need = len(dest) - off
             have = self.rend - self.rstart
-            if have:
+            if have and need:
                 k = min(have, need)
                 dest[off:off + k] = self.rview[self.rstart:self.rstart + k]
                 self.rstart += k
@@ -427,9 +427,14 @@ class TcpTransport:
         for s in sends:
             if not s.done:
                 masks[s.peer] = masks.get(s.peer, 0) | select.POLLOUT
-                if drain_while_sending:
-                    masks[s.peer] |= select.POLLIN
-                    readers.add(s.peer)
+        if drain_while_sending:
+            # a blocked point-to-point send reads whatever any peer sends meanwhile into
+            # the stash: in a ring of isends, the rank this one sends to may itself be
+            # blocked sending, and only frees up once someone reads its left neighbour
+            for peer, link in self.links.items():
+                if not link.eof:
+                    masks[peer] = masks.get(peer, 0) | select.POLLIN
+                    readers.add(peer)
         for r in recvs:
             if not r.done:
                 masks[r.peer] = masks.get(r.peer, 0) | select.POLLIN
