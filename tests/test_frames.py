@@ -92,15 +92,23 @@ def test_impossible_length_is_rejected_by_name():
     assert isinstance(out, PeerLost) and "oversized abort" in str(out)
 
 
-def test_a_legit_large_stashed_message_still_arrives():
+@pytest.mark.parametrize("chunks", [1, 7])
+def test_a_legit_large_stashed_message_still_arrives(chunks):
     # a p2p message nobody asked for yet is stashed; its buffer grows as bytes arrive
     t, b = _pair()
     try:
         payload = np.arange(3 << 18, dtype=np.uint32).tobytes()      # 3 MiB
         stamp_hdr = Stamp(wire.OP_CODES["barrier"], 0, -1, 255, 0, 0, "")
-        sender = threading.Thread(target=b.sendall, args=(
-            HEADER.pack(P2P, 10, 0, 0, -1, 5, -1, len(payload)) + payload
-            + stamp_hdr.header(0),))
+        data = (HEADER.pack(P2P, 10, 0, 0, -1, 5, -1, len(payload)) + payload
+                + stamp_hdr.header(0))
+
+        def send():
+            # odd-sized pieces with pauses: the reader sees every split of the boundaries
+            step = -(-len(data) // chunks) + 13
+            for i in range(0, len(data), step):
+                b.sendall(data[i:i + step])
+                time.sleep(0.01)
+        sender = threading.Thread(target=send)
         sender.start()
         t.exchange([], [(1, memoryview(bytearray(0)))], stamp_hdr, time.monotonic() + 5)
         dest = bytearray(len(payload))

@@ -177,6 +177,13 @@ class Link:
                 if not need:
                     dest = owner.grow(dest)
                     need = len(dest) - off
+                    k = min(self.rend - self.rstart, need)
+                    if k:       # bytes read ahead into rbuf come first
+                        dest[off:off + k] = self.rview[self.rstart:self.rstart + k]
+                        self.rstart += k
+                        off += k
+                        need -= k
+                        continue
                 if need < _RBUF:
                     if not self._fill_rbuf():
                         self.incoming = (h, dest, off, owner)
