@@ -420,3 +420,23 @@ def _fork_child_exits(rank, world):
 
 def test_forked_child_exit_does_not_leave_the_parents_group():
     assert run_ranks(2, _fork_child_exits, env=SHM, timeout=60) == [6, 6]
+
+
+def _ring_of_isends(rank, world, n):
+    right, left = (rank + 1) % world, (rank - 1) % world
+    got = np.zeros(n, np.float64)
+    ws = dist.isend(np.full(n, float(rank)), dst=right, tag=7, timeout=20)
+    wr = dist.irecv(got, src=left, tag=7, timeout=20)
+    ws.wait()
+    wr.wait()
+    assert (got == left).all()
+    # blocking sends first, then receives: works because a waiting sender reads its peers
+    dist.send(np.full(n, float(rank)), dst=right)
+    dist.recv(got, src=left)
+    assert (got == left).all()
+    return True
+
+
+@pytest.mark.parametrize("env", [SHM, SMALL_ARENA, CMA_EARLY], ids=["default", "small", "cma"])
+def test_ring_of_large_isends(env):
+    assert run_ranks(3, _ring_of_isends, (1 << 19) + 3, env=env, timeout=60) == [True] * 3

@@ -352,6 +352,11 @@ class _Link:
     def _complete(self, h, dest, owner):
         if owner == "stash":
             self.stash.append((h, dest))
+            # a receive posted while this message was streaming into the stash takes it now
+            for r in list(self.posted):
+                if self.take_stashed(r):
+                    self.posted.remove(r)
+                    break
             return
         owner.done = True
         self.posted.remove(owner)
@@ -486,9 +491,12 @@ class ShmTransport:
     def send_p2p(self, peer, buf, tag, deadline):
         self._check_usable()
         s = self._send(peer, HEADER.pack(P2P, 10, 0, 0, -1, tag, -1, len(buf)), buf)
-        # the peer may be sending to us at the same time (isend/irecv pairs): read what it
-        # sends into the stash while we wait, or two large sends would block each other
-        self._progress([], [s], deadline, drain=(peer,))
+        if s.done:
+            return
+        # peers may be sending to us at the same time (isend/irecv pairs, rings of isends):
+        # read what they send into the stash while we wait, or large sends, which wait
+        # for their reader here, would block each other
+        self._progress([], [s], deadline, drain=tuple(self.links))
 
     def recv_p2p(self, peer, buf, tag, deadline):
         self._check_usable()
