@@ -106,7 +106,7 @@ def test_token_required_and_checked():
         c = TCPStore("127.0.0.1", srv.port, timeout=5, token="s3cret")
         assert c.check(["intruder"]) is False
         c.close()
-        assert srv.num_clients() == 0
+        assert srv.wait_clients_gone(5)
         assert reply      # the nonce (and then the refusal)
     finally:
         srv.close()
