@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 # Re-installs when pyproject.toml changes; `rm -rf .venv` starts over.
 STAMP  := $(VENV)/.accord-installed
 NPROC  ?= 4
-DEMOS  := broadcast all_gather scatter mlp_sync uneven_shards eval_metrics async_overlap
+DEMOS  := broadcast all_gather scatter mlp_sync uneven_shards eval_metrics async_overlap torch_ddp
 
 .PHONY: demo test install clean
 
