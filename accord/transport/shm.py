@@ -72,6 +72,7 @@ _CHUNK = 256 << 10                   # publish (and copy out) streams in pieces 
 _INLINE = 64 << 10                   # messages up to this size are written in one go
 SPIN_US = 50.0                       # spin this long before sleeping (a quarter when
                                      # there are more ranks than cores)
+YIELDS = 8                           # sched_yield()s before sleeping, when oversubscribed
 _SLICE_S = 0.25                      # longest single futex sleep
 _LIVENESS_S = 0.5                    # how often a sleeper checks that its peers live
 
@@ -407,6 +408,7 @@ class ShmTransport:
             (os.cpu_count() or 1)
         # more ranks than cores: a spinning rank takes the core its peer needs
         self._spin_s = SPIN_US * 1e-6 if size <= ncpu else 0.0
+        self._yields = 0 if size <= ncpu else YIELDS
         self._last_check = time.monotonic()
 
     # -- layout ----------------------------------------------------------------
@@ -553,6 +555,12 @@ class ShmTransport:
                     continue
                 if time.perf_counter() < spin_end:
                     spins += 1
+                    continue
+                if spins <= self._yields:
+                    # more ranks than cores: hand the core to a peer (which may be the one
+                    # we wait for) a few times before paying for a sleep and a wake-up
+                    spins += 1
+                    os.sched_yield()
                     continue
                 if flags is None:
                     if q[_H_ABORT // 8]:
