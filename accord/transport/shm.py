@@ -37,7 +37,7 @@ import select
 import struct
 import time
 
-from ..errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
+from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
 from . import cma, futex
 from .wire import COLL, HEADER, HEADER_SIZE, P2P, decode_error, describe_header, encode_error
 
