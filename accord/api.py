@@ -11,7 +11,7 @@ import numpy as np
 
 from . import rendezvous
 from .algorithms import even_counts, rooted, split
-from .algorithms.reduction import ring_reduce_scatter, scratch, tree_reduce
+from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
 from .algorithms.table import choose
 from .buffers import as_buf
 from .group import ProcessGroup
@@ -410,7 +410,8 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         if c is not None:
             # non-root inputs stay untouched, as NCCL leaves them
             acc = buf.arr if c.rank == root else buf.arr.copy()
-            tree_reduce(c, acc, root, op, buf.is_bf16, scratch(buf.arr, buf.numel))
+            tmp = g.scratch(buf.arr.dtype, min(buf.numel, piece_elems(buf.itemsize)))
+            tree_reduce(c, acc, root, op, buf.is_bf16, tmp)
         if g.rank == root:
             buf.finish()
     return _run(g, "reduce", body, async_op, timeout, _stamp(buf, root, op, buf.nbytes))
@@ -427,8 +428,10 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None
 
     def body(c):
         if c is not None:
-            tmp = scratch(buf.arr, buf.numel if algo.__name__ != "ring_allreduce"
-                          else -(-buf.numel // c.size))
+            # the ring works piece by piece; recursive doubling (small messages) whole
+            need = buf.numel if algo.__name__ != "ring_allreduce" else \
+                min(-(-buf.numel // c.size), piece_elems(buf.itemsize))
+            tmp = g.scratch(buf.arr.dtype, need)
             algo(c, buf.arr, op, buf.is_bf16, tmp)
         buf.finish()
     return _run(g, "all_reduce", body, async_op, timeout, _stamp(buf, -1, op, buf.nbytes))
@@ -441,8 +444,8 @@ def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, t
         work = fill()
         blocks = split(work, ins_counts)
         if c is not None:
-            ring_reduce_scatter(c, blocks, op, out.is_bf16,
-                                scratch(work, max(ins_counts) if ins_counts else 0))
+            need = min(max(ins_counts) if ins_counts else 0, piece_elems(work.itemsize))
+            ring_reduce_scatter(c, blocks, op, out.is_bf16, g.scratch(work.dtype, need))
         if op == ReduceOp.AVG:
             finish_avg(blocks[g.rank], g.size, out.is_bf16)
         np.copyto(out.arr, blocks[g.rank], casting="no")

@@ -12,6 +12,8 @@ import queue
 import threading
 import time
 
+import numpy as np
+
 from . import debug, debug_detail
 from .algorithms import Comm
 from .errors import AccordError, CommTimeout, GroupClosed
@@ -38,6 +40,18 @@ class ProcessGroup:
         self._queue = None
         self._worker = None
         self._closed = None
+        self._scratch = None
+
+    def scratch(self, dtype, numel):
+        """A reusable receive buffer for reductions (one call runs at a time per group).
+
+        Reused rather than allocated per call: a fresh multi-MiB array costs its page
+        faults again on every call."""
+        dtype = np.dtype(dtype)
+        nbytes = numel * dtype.itemsize
+        if self._scratch is None or self._scratch.size < nbytes:
+            self._scratch = np.empty(max(nbytes, 64), dtype=np.uint8)
+        return self._scratch[:nbytes].view(dtype)
 
     @property
     def transport(self):

@@ -2,25 +2,43 @@
 
 Floating results are bit-identical on every rank: each element is reduced
 once, in one rank's order, and then copied, never re-reduced elsewhere.
-"""
-import numpy as np
 
+Bandwidth paths move data in pieces of at most PIECE_BYTES, received into a
+scratch buffer of that size and reduced at once, so a rank's memory stays
+within the user's buffers plus one piece, whatever the message size. Sender
+and receiver cut the same pieces: both derive them from the block's length.
+"""
 from ..reduceops import ReduceOp, finish_avg, reduce_into
 from . import even_counts, split
 
+PIECE_BYTES = 4 << 20
+
+
+def piece_elems(itemsize):
+    return max(1, PIECE_BYTES // max(1, itemsize))
+
+
+def _pieces(arr, per):
+    return [arr[i:i + per] for i in range(0, arr.size, per)] or [arr]
+
 
 def tree_reduce(c, acc, root, op, bf16, tmp):
-    """Binomial reduce into acc on root; acc is scratch on the other ranks."""
+    """Binomial reduce into acc on root; acc is scratch on the other ranks.
+
+    tmp: scratch of at least min(acc.size, piece_elems) elements."""
     n, vr = c.size, (c.rank - root) % c.size
+    per = piece_elems(acc.itemsize)
     mask = 1
     while mask < n:
         if vr & mask:
-            c.send((vr - mask + root) % n, acc)
+            c.exchange(sends=[((vr - mask + root) % n, p) for p in _pieces(acc, per)])
             return
         child = vr + mask
         if child < n:
-            c.recv((child + root) % n, tmp)
-            reduce_into(op, acc, tmp, bf16)
+            for p in _pieces(acc, per):
+                t = tmp[:p.size]
+                c.recv((child + root) % n, t)
+                reduce_into(op, p, t, bf16)
         mask <<= 1
     if op == ReduceOp.AVG:
         finish_avg(acc, n, bf16)
@@ -58,15 +76,21 @@ def recursive_doubling(c, acc, op, bf16, tmp):
 
 
 def ring_reduce_scatter(c, blocks, op, bf16, tmp):
-    """After it, rank r holds the full reduction in blocks[r] (not averaged)."""
+    """After it, rank r holds the full reduction in blocks[r] (not averaged).
+
+    tmp: scratch of at least min(largest block, piece_elems) elements."""
     n, r = c.size, c.rank
     right, left = (r + 1) % n, (r - 1) % n
+    per = piece_elems(tmp.itemsize)
     for s in range(n - 1):
-        sb = blocks[(r - s - 1) % n]
-        rb = blocks[(r - s - 2) % n]
-        t = tmp[:rb.size]
-        c.exchange(sends=[(right, sb)], recvs=[(left, t)])
-        reduce_into(op, rb, t, bf16)
+        sp = _pieces(blocks[(r - s - 1) % n], per)
+        rp = _pieces(blocks[(r - s - 2) % n], per)
+        for i in range(max(len(sp), len(rp))):
+            t = tmp[:rp[i].size] if i < len(rp) else None
+            c.exchange(sends=[(right, sp[i])] if i < len(sp) else (),
+                       recvs=[(left, t)] if t is not None else ())
+            if t is not None:
+                reduce_into(op, rp[i], t, bf16)
 
 
 def ring_allreduce(c, acc, op, bf16, tmp):
@@ -78,6 +102,3 @@ def ring_allreduce(c, acc, op, bf16, tmp):
     from .allgather import ring
     ring(c, blocks)
 
-
-def scratch(arr, numel):
-    return np.empty(numel, dtype=arr.dtype)

@@ -10,6 +10,7 @@ one), which wait in the link's stash until a matching receive is posted.
 """
 import collections
 import errno
+import os
 import select
 import socket
 import time
@@ -246,6 +247,11 @@ class Link:
             raise decode_error(dest, self.t.peer_desc(self.peer))
         if owner.__class__ is _Stash:
             self.stash.append((h, owner.data()))
+            # a receive posted while this message streamed into the stash takes it now
+            for r in list(self.posted):
+                if self.take_stashed(r):
+                    self.posted.remove(r)
+                    break
             return
         owner.done = True
         self.posted.remove(owner)
@@ -312,6 +318,7 @@ class TcpTransport:
             sock.setblocking(False)
             self.links[peer] = Link(sock, peer, self)
         self.broken = None
+        self.pid = os.getpid()
         self.op_desc = ""                        # the call in progress, for error messages
         self.history = None                      # seq -> this rank's call then (set by the group)
         self.site_text = None                    # site id -> "file:line" (set by the group)
@@ -507,6 +514,13 @@ class TcpTransport:
             pass
 
     def close(self):
+        if os.getpid() != self.pid:
+            # a forked child shares these sockets with its parent: a goodbye or a
+            # shutdown here would end the parent's links; just drop our descriptors
+            for link in self.links.values():
+                link.sock.close()
+            self.links = {}
+            return
         bye = HEADER.pack(BYE, 0, 0, 0, -1, 0, -1, 0)
         for link in self.links.values():
             if self.broken is None and not link.send_partial and not link.eof:

@@ -1,0 +1,31 @@
+"""A forked child (a DataLoader worker, say) that exits must not take its parent's links."""
+import atexit
+import os
+
+import numpy as np
+import pytest
+
+import accord as dist
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _fork_then_collective(rank, world):
+    pid = os.fork()
+    if pid == 0:
+        # what a normal interpreter exit does in the child: run the atexit handlers
+        atexit._run_exitfuncs()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    x = np.full(5, rank + 1.0)
+    dist.all_reduce(x)
+    big = np.full(1 << 20, rank, np.int32)
+    dist.broadcast(big, src=world - 1)
+    return os.waitstatus_to_exitcode(status), x.tolist(), bool((big == world - 1).all())
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_exiting_forked_child_leaves_parent_group_working(transport):
+    out = run_ranks(3, _fork_then_collective, timeout=30, env={"ACCORD_TRANSPORT": transport})
+    assert out == [(0, [6.0] * 5, True)] * 3
