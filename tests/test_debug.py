@@ -15,6 +15,12 @@ from harness import run_ranks
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(params=["tcp", "shm"])
+def transport(request):
+    """Run over both transports: what a user sees must not depend on the wire."""
+    return {"ACCORD_TRANSPORT": request.param}
+
+
 def _collect_logs():
     records = []
 
@@ -40,10 +46,9 @@ def _desync_then_dump(rank, world):
     return None
 
 
-def test_error_dumps_flight_recorder_and_analyze_finds_divergence(tmp_path, capsys):
+def test_error_dumps_flight_recorder_and_analyze_finds_divergence(tmp_path, capsys, transport):
     trace = str(tmp_path / "trace")
-    run_ranks(2, _desync_then_dump, timeout=30,
-              env={"ACCORD_TRACE_DIR": trace, "ACCORD_TRANSPORT": "tcp"})
+    run_ranks(2, _desync_then_dump, timeout=30, env={"ACCORD_TRACE_DIR": trace, **transport})
     files = sorted(os.listdir(trace))
     assert files == ["rank0.json", "rank1.json"], files
     d = json.load(open(os.path.join(trace, "rank0.json")))
@@ -68,9 +73,9 @@ def _sigusr1(rank, world):
     return None
 
 
-def test_sigusr1_dumps(tmp_path):
+def test_sigusr1_dumps(tmp_path, transport):
     trace = str(tmp_path / "t")
-    run_ranks(2, _sigusr1, timeout=30, env={"ACCORD_TRACE_DIR": trace})
+    run_ranks(2, _sigusr1, timeout=30, env={"ACCORD_TRACE_DIR": trace, **transport})
     for r in range(2):
         d = json.load(open(os.path.join(trace, f"rank{r}.json")))
         assert d["reason"] == "SIGUSR1"
@@ -108,8 +113,8 @@ def _detail(rank, world):
     return records
 
 
-def test_detail_logs_summaries_and_warns_about_sources():
-    out = run_ranks(2, _detail, timeout=30, env={"ACCORD_DEBUG": "DETAIL"})
+def test_detail_logs_summaries_and_warns_about_sources(transport):
+    out = run_ranks(2, _detail, timeout=30, env={"ACCORD_DEBUG": "DETAIL", **transport})
     r0 = "\n".join(m for _, m in out[0])
     r1 = "\n".join(m for _, m in out[1])
     assert "rank 0 broadcast #0 at test_debug.py:" in r0
@@ -133,8 +138,8 @@ def _detail_shapes(rank, world):
     return "no error"
 
 
-def test_detail_checks_full_shapes_on_every_rank():
-    out = run_ranks(2, _detail_shapes, timeout=30, env={"ACCORD_DEBUG": "DETAIL"})
+def test_detail_checks_full_shapes_on_every_rank(transport):
+    out = run_ranks(2, _detail_shapes, timeout=30, env={"ACCORD_DEBUG": "DETAIL", **transport})
     for msg in out:
         assert "ACCORD_DEBUG=DETAIL: ranks disagree" in msg, msg
         assert "rank 0: all_reduce(tensor=float32[2, 3])" in msg

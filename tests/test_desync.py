@@ -8,8 +8,13 @@ import accord as dist
 from harness import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
-TCP = {"ACCORD_TRANSPORT": "tcp"}
 HERE = "test_desync.py:"
+
+
+@pytest.fixture(params=["tcp", "shm"])
+def env(request):
+    """Every test runs over both transports: the messages must not depend on the wire."""
+    return {"ACCORD_TRANSPORT": request.param}
 
 
 def _timed(fn):
@@ -36,8 +41,8 @@ def _different_ops(rank, world):
     return _timed(lambda: (dist.broadcast(x, src=1), dist.barrier()))
 
 
-def test_different_ops_name_both_calls_and_lines():
-    for name, msg, took in _errors(run_ranks(2, _different_ops, timeout=30, env=TCP,
+def test_different_ops_name_both_calls_and_lines(env):
+    for name, msg, took in _errors(run_ranks(2, _different_ops, timeout=30, env=env,
                                              expect_fail=True)):
         assert name == "Desync", msg
         assert "all_reduce #0" in msg and "broadcast #0" in msg
@@ -50,8 +55,8 @@ def _different_dtypes(rank, world):
     return _timed(lambda: (dist.all_reduce(x), dist.barrier()))
 
 
-def test_different_dtypes():
-    for name, msg, took in _errors(run_ranks(2, _different_dtypes, timeout=30, env=TCP,
+def test_different_dtypes(env):
+    for name, msg, took in _errors(run_ranks(2, _different_dtypes, timeout=30, env=env,
                                              expect_fail=True)):
         assert name == "Desync", msg
         assert "float32" in msg and "int32" in msg and "all_reduce #0" in msg
@@ -65,9 +70,9 @@ def _different_roots(rank, world):
     return first, second
 
 
-def test_different_roots_both_roots_send_only():
+def test_different_roots_both_roots_send_only(env):
     for rank, (first, second) in enumerate(_errors(run_ranks(2, _different_roots, timeout=30,
-                                                             env=TCP, expect_fail=True))):
+                                                             env=env, expect_fail=True))):
         # the first message either side reads is the other's broadcast: Desync at once
         errs = [e for e in (first, second) if e[0] != "ok"]
         assert errs and errs[0][0] == "Desync", (first, second)
@@ -84,8 +89,8 @@ def _roots_three(rank, world):
     return _timed(lambda: (dist.broadcast(x, src=src), dist.all_reduce(x), dist.barrier()))
 
 
-def test_different_roots_three_ranks_every_rank_raises():
-    res = _errors(run_ranks(3, _roots_three, timeout=30, env=TCP, expect_fail=True))
+def test_different_roots_three_ranks_every_rank_raises(env):
+    res = _errors(run_ranks(3, _roots_three, timeout=30, env=env, expect_fail=True))
     for name, msg, took in res:
         assert name == "Desync", msg
         assert took < 5
@@ -100,8 +105,8 @@ def _forgot_group(rank, world):
     return _timed(lambda: (dist.broadcast(x, src=0), dist.barrier()))   # forgot group=g
 
 
-def test_forgotten_group_is_a_desync_on_both_ranks():
-    for name, msg, took in _errors(run_ranks(2, _forgot_group, timeout=30, env=TCP,
+def test_forgotten_group_is_a_desync_on_both_ranks(env):
+    for name, msg, took in _errors(run_ranks(2, _forgot_group, timeout=30, env=env,
                                              expect_fail=True)):
         assert name == "Desync", msg
         assert "broadcast #0" in msg and "barrier #0" in msg
@@ -117,8 +122,8 @@ def _skipper(rank, world):
     return _timed(lambda: dist.all_reduce(x, timeout=1.0))
 
 
-def test_stuck_rank_report_names_who_never_entered():
-    res = _errors(run_ranks(3, _skipper, timeout=30, env=TCP, expect_fail=True))
+def test_stuck_rank_report_names_who_never_entered(env):
+    res = _errors(run_ranks(3, _skipper, timeout=30, env=env, expect_fail=True))
     for rank in (0, 1):
         name, msg, took = res[rank]
         assert name == "CommTimeout", msg
@@ -141,8 +146,8 @@ def _cross_groups(rank, world):
     return out
 
 
-def test_collectives_in_different_group_orders_are_explained():
-    for name, msg, took in _errors(run_ranks(2, _cross_groups, timeout=30, env=TCP,
+def test_collectives_in_different_group_orders_are_explained(env):
+    for name, msg, took in _errors(run_ranks(2, _cross_groups, timeout=30, env=env,
                                              expect_fail=True)):
         assert name == "CommTimeout", msg
         assert "busy in all_reduce #0" in msg and "in group" in msg, msg

@@ -12,6 +12,12 @@ from harness import run_ranks
 pytestmark = pytest.mark.timeout(90)
 
 
+@pytest.fixture(params=["tcp", "shm"])
+def transport(request):
+    """Run over both transports: what a user sees must not depend on the wire."""
+    return {"ACCORD_TRANSPORT": request.param}
+
+
 def _timed(fn):
     t0 = time.monotonic()
     try:
@@ -35,8 +41,8 @@ def _exit_before_allreduce(rank, world, how):
 
 
 @pytest.mark.parametrize("how", ["exit", "kill"])
-def test_dead_peer_raises_peer_lost_naming_it_quickly(how):
-    out = run_ranks(3, _exit_before_allreduce, how, timeout=60, expect_fail=True)
+def test_dead_peer_raises_peer_lost_naming_it_quickly(how, transport):
+    out = run_ranks(3, _exit_before_allreduce, how, timeout=60, env=transport, expect_fail=True)
     assert out[2][0] == "died"
     for rank in (0, 1):
         kind, (first, later) = out[rank]
@@ -62,8 +68,8 @@ def _killed_mid_collective(rank, world):
     return _timed(lambda: [dist.all_reduce(x) for _ in range(1000)])
 
 
-def test_sigkill_inside_a_collective():
-    out = run_ranks(3, _killed_mid_collective, timeout=60, expect_fail=True)
+def test_sigkill_inside_a_collective(transport):
+    out = run_ranks(3, _killed_mid_collective, timeout=60, env=transport, expect_fail=True)
     assert out[1][0] == "died"
     for rank in (0, 2):
         kind, (name, msg, took) = out[rank]
@@ -82,8 +88,8 @@ def _different_collectives(rank, world):
     return _timed(lambda: dist.barrier())
 
 
-def test_different_collectives_raise_desync_on_both_ranks():
-    out = run_ranks(2, _different_collectives, timeout=30, expect_fail=True)
+def test_different_collectives_raise_desync_on_both_ranks(transport):
+    out = run_ranks(2, _different_collectives, timeout=30, env=transport, expect_fail=True)
     name1, msg1, _ = out[1][1]
     assert name1 == "Desync", out[1]
     assert "all_reduce #0" in msg1 and "broadcast #0" in msg1 and "rank 0" in msg1
@@ -99,8 +105,8 @@ def _different_sizes(rank, world):
     return _timed(lambda: dist.all_reduce(x))
 
 
-def test_different_sizes_raise_desync():
-    out = run_ranks(2, _different_sizes, timeout=30, expect_fail=True)
+def test_different_sizes_raise_desync(transport):
+    out = run_ranks(2, _different_sizes, timeout=30, env=transport, expect_fail=True)
     for rank in (0, 1):
         name, msg, took = out[rank][1]
         assert name == "Desync", out[rank]
@@ -121,8 +127,8 @@ def _slow_peer(rank, world):
     return first, later
 
 
-def test_per_call_timeout_names_the_peer_and_breaks_the_group():
-    out = run_ranks(2, _slow_peer, timeout=30, expect_fail=True)
+def test_per_call_timeout_names_the_peer_and_breaks_the_group(transport):
+    out = run_ranks(2, _slow_peer, timeout=30, env=transport, expect_fail=True)
     (name, msg, took), later = out[0][1]
     assert name == "CommTimeout", out[0]
     assert "rank 1" in msg and "all_reduce #0" in msg
@@ -145,6 +151,7 @@ def _timeout_is_also_a_timeout_error(rank, world):
     return None
 
 
-def test_comm_timeout_is_a_timeout_error():
-    out = run_ranks(2, _timeout_is_also_a_timeout_error, timeout=30, expect_fail=True)
+def test_comm_timeout_is_a_timeout_error(transport):
+    out = run_ranks(2, _timeout_is_also_a_timeout_error, timeout=30, env=transport,
+                    expect_fail=True)
     assert out[0] == ("ok", True)

@@ -440,3 +440,43 @@ def _ring_of_isends(rank, world, n):
 @pytest.mark.parametrize("env", [SHM, SMALL_ARENA, CMA_EARLY], ids=["default", "small", "cma"])
 def test_ring_of_large_isends(env):
     assert run_ranks(3, _ring_of_isends, (1 << 19) + 3, env=env, timeout=60) == [True] * 3
+
+
+# -- headers from peers are checked before they are believed ------------------------------
+
+def _corrupt_header(rank, world, what):
+    from accord.transport.wire import HEADER, P2P
+    t = _transport()
+    if rank == 0:
+        if what == "huge":
+            # claims half a terabyte of payload that never comes
+            header = HEADER.pack(P2P, 10, 0, 0, -1, 5, -1, 1 << 39)
+        else:
+            header = HEADER.pack(77, 0, 0, 0, -1, 0, -1, 0)       # no such message kind
+        assert t.links[1].write_inline(header, b"", 0)
+        time.sleep(1.5)
+        return None
+    import resource
+    got = np.zeros(4, np.int32)
+    t0 = time.monotonic()
+    try:
+        dist.recv(got, src=0, tag=1, timeout=1.0)
+    except dist.AccordError as e:
+        err = type(e).__name__, str(e)
+    else:
+        err = "ok", ""
+    return err, time.monotonic() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@pytest.mark.parametrize("what", ["huge", "kind"])
+def test_corrupt_headers_are_errors_not_allocations(what):
+    out = run_ranks(2, _corrupt_header, what, env=SHM, timeout=30)
+    (name, msg), took, maxrss_kib = out[1]
+    if what == "huge":
+        # the message waits in the stash, which holds only what actually arrived
+        assert name == "CommTimeout", msg
+        assert maxrss_kib < 1 << 20, f"{maxrss_kib} KiB"
+    else:
+        assert name == "PeerLost" and "corrupt message header" in msg, msg
+        assert "unknown message kind 77" in msg and "rank 0" in msg
+        assert took < 1.0

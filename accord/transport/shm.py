@@ -39,7 +39,8 @@ import time
 
 from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
 from . import cma, futex
-from .wire import COLL, HEADER, HEADER_SIZE, P2P, decode_error, describe_header, encode_error
+from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, decode_error, desync_text,
+                   encode_error, header_problem)
 
 SHM_DIR = "/dev/shm"
 _MAGIC = 0x3130726f63636161          # b"aaccor01"
@@ -70,6 +71,7 @@ CHAN_MAX = 4 << 20                   # a ring larger than this only costs cache
 CHAN_MIN = 16 << 10
 _CHUNK = 256 << 10                   # publish (and copy out) streams in pieces this big
 _INLINE = 64 << 10                   # messages up to this size are written in one go
+_STASH_STEP = 1 << 20                # a stashed message's buffer grows as its bytes arrive
 SPIN_US = 50.0                       # spin this long before sleeping (a quarter when
                                      # there are more ranks than cores)
 YIELDS = 8                           # sched_yield()s before sleeping, when oversubscribed
@@ -101,6 +103,26 @@ class _Send:
         self.peer, self.parts, self.seq, self.keep = peer, parts, seq, keep
         self.part = self.off = 0
         self.done = False
+
+
+class _Stash:
+    """A message read before anyone asked for it (or an ABORT/BYE): its buffer grows
+    with the bytes that actually arrive, never on the header's word."""
+    __slots__ = ("length", "buf", "kind")
+
+    def __init__(self, h, kind="stash"):
+        self.length, self.kind = h[7], kind
+        self.buf = bytearray(min(self.length, _STASH_STEP))
+
+    def view(self):
+        return memoryview(self.buf)
+
+    def grow(self, view):
+        """Room for more bytes (doubling, up to the length); returns the new view."""
+        view.release()
+        have = len(self.buf)
+        self.buf.extend(bytes(min(self.length - have, max(have, _STASH_STEP))))
+        return memoryview(self.buf)
 
 
 class _Link:
@@ -137,6 +159,7 @@ class _Link:
         self.incoming = None            # [header, dest, offset, owner] being filled
         self.sends = collections.deque()
         self.unacked = collections.deque()
+        self.departed = False           # the peer said BYE in the ring: it left on purpose
 
     def poke_data(self):
         """New data is in our outgoing ring: wake the peer if it sleeps waiting for it."""
@@ -268,14 +291,20 @@ class _Link:
                             pos + HEADER_SIZE + n <= self.cap:
                         # the whole message is there in one piece: the common small case
                         dest, owner = self._route(h)
-                        if n:
-                            start = pos + HEADER_SIZE
+                        start = pos + HEADER_SIZE
+                        if owner.__class__ is _Stash:
+                            # its bytes are all here: the stash takes exactly them
+                            dest.release()
+                            owner.buf = bytearray(self.i_ring[start:start + n])
+                        elif n:
                             dest[:] = self.i_ring[start:start + n]
                         self.i_tail += HEADER_SIZE + n
                         consumed = moved = True
                         self._complete(h, dest, owner)
                         continue
                     if kind & _CMA_FLAG:
+                        if kind & ~_CMA_FLAG not in (COLL, P2P):
+                            raise self.t.corrupt(self.peer, h, f"unknown message kind {kind}")
                         if avail < _DESC_MSG:
                             return moved
                         addr, seq = _DESC.unpack(bytes(self._peek(_DESC_MSG))[HEADER_SIZE:])
@@ -283,12 +312,14 @@ class _Link:
                         dest, owner = self._route(h)
                         self.i_tail += _DESC_MSG
                         consumed = moved = True
-                        if len(dest):
-                            try:
+                        try:
+                            if owner.__class__ is _Stash:
+                                self._cma_into_stash(owner, dest, addr)
+                            elif len(dest):
                                 cma.read(self.pid, cma.address(dest), addr, len(dest))
-                            except OSError as e:
-                                raise self.t.peer_lost(self.peer, f"could not be read from "
-                                                       f"({e.strerror or e})") from None
+                        except OSError as e:
+                            raise self.t.peer_lost(self.peer, f"could not be read from "
+                                                   f"({e.strerror or e})") from None
                         # a sender that failed and aborted may have dropped its buffer:
                         # what we read from it after that is not data
                         self.t._check_abort()
@@ -300,8 +331,12 @@ class _Link:
                     consumed = moved = True
                     self.incoming = [h, dest, 0, owner]
                 inc = self.incoming
-                dest, off = inc[1], inc[2]
+                dest, off, owner = inc[1], inc[2], inc[3]
                 need = len(dest) - off
+                if not need and owner.__class__ is _Stash and off < owner.length:
+                    # a stashed message grows only as its bytes come in
+                    dest = inc[1] = owner.grow(dest)
+                    need = len(dest) - off
                 if need:
                     avail = q[self.i_head_i] - self.i_tail
                     if not avail:
@@ -313,7 +348,7 @@ class _Link:
                     if first < k:
                         dest[off + first:off + k] = self.i_ring[0:k - first]
                     self.i_tail += k
-                    inc[2] = off + k
+                    inc[2] = off = off + k
                     moved = True
                     if k == _CHUNK:
                         # a stream: free the ring piece by piece, so the writer keeps going
@@ -321,38 +356,66 @@ class _Link:
                         consumed = False
                     else:
                         consumed = True
-                    if k < need:
+                    if k < need or owner.__class__ is _Stash and off < owner.length:
                         continue
                 self.incoming = None
-                self._complete(inc[0], dest, inc[3])
+                self._complete(inc[0], dest, owner)
         finally:
             if consumed:
                 self._publish_tail()
 
+    def _cma_into_stash(self, owner, dest, addr):
+        """Copy a single-copy message nobody awaits yet, growing the stash as it reads."""
+        off = 0
+        while True:
+            k = len(dest) - off
+            if k:
+                cma.read(self.pid, cma.address(dest) + off, addr + off, k)
+                off += k
+            if off >= owner.length:
+                dest.release()
+                return
+            dest = owner.grow(dest)
+
     def _route(self, h):
+        """(destination view, owner) of a message whose header was just read."""
         kind, length = h[0], h[7]
         head = self.posted[0] if self.posted else None
         if kind == COLL and head is not None and head.stamp is not None:
+            # the common case: the awaited message; a match vouches for the header
+            if head.stamp.matches(h) and length == head.length:
+                return head.dest, head
+            problem = header_problem(h)
+            if problem is not None:
+                raise self.t.corrupt(self.peer, h, problem)
             if not head.stamp.matches(h):
                 raise self.t.desync(self.peer, head.stamp, h)
-            if length != head.length:
-                raise self.t.desync(self.peer, head.stamp, h,
-                                    f"it sent {length} bytes where this rank expects "
-                                    f"{head.length}")
-            return head.dest, head
+            raise self.t.desync(self.peer, head.stamp, h,
+                                f"it sent {length} bytes where this rank expects "
+                                f"{head.length}")
+        problem = header_problem(h)
+        if problem is not None:
+            raise self.t.corrupt(self.peer, h, problem)
+        if kind == ABORT or kind == BYE:
+            st = _Stash(h, "abort" if kind == ABORT else "bye")
+            return st.view(), st
         if kind == P2P:
             for r in self.posted:
                 if r.tag is not None and r.tag == h[5]:
                     if length != r.length:
                         raise self.t.p2p_size_mismatch(self.peer, h, r)
                     return r.dest, r
-        if kind not in (COLL, P2P):
-            raise self.t.peer_lost(self.peer, f"sent a corrupt header (kind {kind})")
-        return memoryview(bytearray(length)), "stash"
+        st = _Stash(h)
+        return st.view(), st
 
     def _complete(self, h, dest, owner):
-        if owner == "stash":
-            self.stash.append((h, dest))
+        if owner.__class__ is _Stash:
+            if owner.kind == "abort":
+                raise decode_error(owner.buf, self.t.peer_desc(self.peer))
+            if owner.kind == "bye":
+                self.departed = True
+                return
+            self.stash.append((h, memoryview(owner.buf)))
             # a receive posted while this message was streaming into the stash takes it now
             for r in list(self.posted):
                 if self.take_stashed(r):
@@ -392,7 +455,10 @@ class ShmTransport:
         self.rank, self.size = rank, size
         self.describe_rank = describe_rank
         self.broken = None
-        self.op_desc = ""
+        self.op_desc = ""                        # the call in progress, for error messages
+        self.history = None                      # seq -> this rank's call then (set by the group)
+        self.site_text = None                    # site id -> "file:line" (set by the group)
+        self.active = None                       # (recvs, sends) being progressed, for reports
         self._arena = arena
         self.mem, self.q, self.i32, self.base = arena.mem, arena.q, arena.i32, arena.base
         self.cap = arena.cap
@@ -451,10 +517,13 @@ class ShmTransport:
                         f"(did that process exit or crash?)", peer=peer)
 
     def desync(self, peer, stamp, h, detail=""):
-        extra = f"; {detail}" if detail else ""
-        return Desync(f"{self._here()}: ranks disagree: this rank ({self.describe_rank(self.rank)}) "
-                      f"called {stamp.describe()}, but {self.peer_desc(peer)} called "
-                      f"{describe_header(h)}{extra}")
+        return Desync(f"{self._here()}: " + desync_text(stamp, self.peer_desc(peer), h, detail,
+                                                         self.history, self.site_text))
+
+    def corrupt(self, peer, h, problem):
+        return PeerLost(f"{self._here()}: {self.peer_desc(peer)} sent a corrupt message header "
+                        f"({problem}; header {tuple(h)}); the shared memory cannot be trusted",
+                        peer=peer)
 
     def p2p_size_mismatch(self, peer, h, r):
         return Desync(f"{self._here()}: {self.peer_desc(peer)} sent {h[7]} bytes with tag {h[5]} "
@@ -536,6 +605,7 @@ class ShmTransport:
         i32, q, links = self.i32, self.q, self.links
         spins = 0
         flags = None
+        self.active = (recvs, sends)
         try:
             while True:
                 moved = self._step(recvs, sends, drain)
@@ -650,7 +720,7 @@ class ShmTransport:
         needed = {r.peer for r in recvs if not r.done} | {s.peer for s in sends if not s.done} \
             | set(drain)
         for peer, link in self.links.items():
-            departed = self.q[link.peer_departed_i] == 1
+            departed = self.q[link.peer_departed_i] == 1 or link.departed
             if not departed and peer not in dead:
                 continue
             if peer in needed:
