@@ -13,20 +13,33 @@ BF16_CODE = 250      # numpy has no bfloat16: such tensors travel as int16 bits
 _TORCH_MODULES = ("torch",)
 
 
+_DTYPE_NAMES = {}     # dtype -> name: numpy computes dtype.name in Python on every access
+
+
 class Buf:
-    __slots__ = ("arr", "mv", "nbytes", "dtype_code", "dtype_name", "shape", "_writeback",
-                 "is_bf16")
+    __slots__ = ("arr", "nbytes", "dtype_code", "dtype_name", "shape", "_writeback", "is_bf16")
 
     def __init__(self, arr, shape, writeback=None, is_bf16=False):
         flat = arr.reshape(-1)
         self.arr = flat
-        self.mv = memoryview(flat.view(np.uint8)) if flat.size else memoryview(b"")
         self.nbytes = flat.nbytes
         self.is_bf16 = is_bf16
-        self.dtype_code = BF16_CODE if is_bf16 else flat.dtype.num
-        self.dtype_name = "bfloat16" if is_bf16 else flat.dtype.name
-        self.shape = tuple(shape)
+        dt = flat.dtype
+        self.dtype_code = BF16_CODE if is_bf16 else dt.num
+        if is_bf16:
+            self.dtype_name = "bfloat16"
+        else:
+            name = _DTYPE_NAMES.get(dt)
+            if name is None:
+                name = _DTYPE_NAMES[dt] = dt.name
+            self.dtype_name = name
+        self.shape = shape if type(shape) is tuple else tuple(shape)
         self._writeback = writeback
+
+    @property
+    def mv(self):
+        """The same memory as uint8 bytes, for transports."""
+        return memoryview(self.arr.view(np.uint8)) if self.arr.size else memoryview(b"")
 
     @property
     def itemsize(self):
