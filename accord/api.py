@@ -388,10 +388,15 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
         _same_size(ins[root], mine, f"scatter_list[{root}]", "tensor")
 
     def body(c):
+        own = None
         if ins is not None:
-            np.copyto(mine.arr, ins[root].arr, casting="no")
+            def own():
+                np.copyto(mine.arr, ins[root].arr, casting="no")
         if c is not None:
-            rooted.scatter(c, mine.arr, ins and [b.arr for b in ins], root)
+            # the root copies its own block while the peers take theirs (shared memory)
+            rooted.scatter(c, mine.arr, ins and [b.arr for b in ins], root, own)
+        elif own is not None:
+            own()
         mine.finish()
     return _run(g, "scatter", body, async_op, timeout, _stamp(mine, root))
 

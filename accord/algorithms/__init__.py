@@ -19,9 +19,23 @@ class Comm:
         self.rank, self.size = transport.rank, transport.size
         self._t, self._stamp, self._deadline = transport, stamp, deadline
 
-    def exchange(self, sends=(), recvs=()):
-        self._t.exchange([(p, as_bytes(b)) for p, b in sends],
-                         [(p, as_bytes(b)) for p, b in recvs], self._stamp, self._deadline)
+    def exchange(self, sends=(), recvs=(), meanwhile=None):
+        """meanwhile(): local work (a copy) that may run while the messages move.
+
+        A transport that can overlap them (`overlaps` true: shared memory, where a
+        peer copies the data out itself) runs it once the sends are posted; any
+        other runs it first.
+        """
+        t = self._t
+        if meanwhile is not None and not getattr(t, "overlaps", False):
+            meanwhile()
+            meanwhile = None
+        sends = [(p, as_bytes(b)) for p, b in sends]
+        recvs = [(p, as_bytes(b)) for p, b in recvs]
+        if meanwhile is None:
+            t.exchange(sends, recvs, self._stamp, self._deadline)
+        else:
+            t.exchange(sends, recvs, self._stamp, self._deadline, meanwhile)
 
     def send(self, peer, buf):
         self.exchange(sends=[(peer, buf)])

@@ -9,10 +9,12 @@ def gather(c, mine, blocks, root):
         c.send(root, mine)
 
 
-def scatter(c, mine, blocks, root):
-    """blocks: the root's per-rank sources (its own already copied to mine)."""
+def scatter(c, mine, blocks, root, meanwhile=None):
+    """blocks: the root's per-rank sources; meanwhile (the root's): copies its own block
+    to mine, while the others' move where the transport allows."""
     if c.rank == root:
-        c.exchange(sends=[(p, blocks[p]) for p in range(c.size) if p != root])
+        c.exchange(sends=[(p, blocks[p]) for p in range(c.size) if p != root],
+                   meanwhile=meanwhile)
     else:
         c.recv(root, mine)
 
