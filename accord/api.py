@@ -295,10 +295,14 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, time
     root = _root(g, src, group_src, "src")
     buf = as_buf(tensor, "tensor", writable=g.rank != root)   # the root only reads
     algo = choose("broadcast", buf.nbytes, g.size, g.options.algorithms)
+    forced = "broadcast" in g.options.algorithms
 
     def body(c):
         if c is not None:
-            algo(c, buf.arr, root)
+            # the transport's own whole-collective path, where it has one that applies
+            fast = None if forced else c.collective("broadcast")
+            if fast is None or not fast(c, buf.arr, root):
+                algo(c, buf.arr, root)
         buf.finish()
     return _run(g, "broadcast", body, async_op, timeout, _stamp(buf, root, count=buf.nbytes))
 

@@ -480,3 +480,52 @@ def test_corrupt_headers_are_errors_not_allocations(what):
         assert name == "PeerLost" and "corrupt message header" in msg, msg
         assert "unknown message kind 77" in msg and "rank 0" in msg
         assert took < 1.0
+
+
+# -- whole-collective fast paths -------------------------------------------------------------
+
+def _pair_broadcast(rank, world):
+    from accord.transport import shm
+    ran = []
+    real = shm._COLLECTIVES["broadcast"]
+
+    def spy(c, arr, root):
+        done = real(c, arr, root)
+        ran.append(done)
+        return done
+    shm._COLLECTIVES["broadcast"] = spy
+    try:
+        for nbytes in (shm.COOP_MIN, 3 * shm.COOP_MIN + 5, 1000):
+            for root in (0, 1):
+                want = (np.arange(nbytes) % 251).astype(np.uint8)
+                x = want.copy() if rank == root else np.zeros(nbytes, np.uint8)
+                dist.broadcast(x, src=root)
+                assert np.array_equal(x, want), (nbytes, root)
+                assert (x[:nbytes // 2] == want[:nbytes // 2]).all()
+        # a view into a larger array, with an offset that is not page-aligned
+        base = np.zeros(shm.COOP_MIN + 4099, np.uint8)
+        view = base[3:-7]
+        if rank == 0:
+            view[:] = 7
+        dist.broadcast(view, src=0)
+        assert (view == 7).all() and base[:3].sum() == 0 and base[-7:].sum() == 0
+        if ran[-1]:
+            # both ranks think they are the root: each reads the other's stamp (without
+            # the fast path, both only send, and messages this large fill the rings)
+            x = np.zeros(shm.COOP_MIN, np.uint8)
+            t0 = time.monotonic()
+            with pytest.raises(dist.Desync, match="root"):
+                dist.broadcast(x, src=rank, timeout=10)
+            assert time.monotonic() - t0 < 5
+    finally:
+        shm._COLLECTIVES["broadcast"] = real
+    return ran
+
+
+@pytest.mark.parametrize("env", [SHM, {**SHM, "ACCORD_SHM_CMA": "0"}], ids=["cma", "no-cma"])
+def test_two_rank_broadcast_splits_the_copy(env):
+    out = run_ranks(2, _pair_broadcast, env=env, timeout=60)
+    for ran in out:
+        # both ranks take the same path: both halves of the copy, or the plain one
+        want = [True] * 4 if env.get("ACCORD_SHM_CMA") != "0" else [False] * 4
+        assert ran[:7] == want + [False, False] + want[:1], ran

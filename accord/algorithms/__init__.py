@@ -12,6 +12,9 @@ def as_bytes(x):
     return x
 
 
+_NONE = {}
+
+
 class Comm:
     __slots__ = ("rank", "size", "_t", "_stamp", "_deadline")
 
@@ -36,6 +39,11 @@ class Comm:
             t.exchange(sends, recvs, self._stamp, self._deadline)
         else:
             t.exchange(sends, recvs, self._stamp, self._deadline, meanwhile)
+
+    def collective(self, name):
+        """The transport's whole-collective fast path for `name` (shm), or None:
+        fn(comm, ...) -> True if it ran, False if it does not apply here."""
+        return getattr(self._t, "collectives", _NONE).get(name)
 
     def send(self, peer, buf):
         self.exchange(sends=[(peer, buf)])

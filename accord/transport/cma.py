@@ -22,6 +22,9 @@ try:
     _readv.restype = ctypes.c_ssize_t
     _readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
                        ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+    _writev = _libc.process_vm_writev
+    _writev.restype = ctypes.c_ssize_t
+    _writev.argtypes = _readv.argtypes
     AVAILABLE = True
 except (OSError, AttributeError):        # pragma: no cover
     AVAILABLE = False
@@ -34,8 +37,9 @@ def address(mv):
     return np.frombuffer(mv, dtype=np.uint8).ctypes.data
 
 
-def read(pid, local_addr, remote_addr, n):
+def read(pid, local_addr, remote_addr, n, _call=None):
     """Copy n bytes from remote_addr in process pid to local_addr; OSError on failure."""
+    call = _call or _readv
     local, remote = _Iovec(), _Iovec()
     lp, rp = ctypes.byref(local), ctypes.byref(remote)
     done = 0
@@ -43,11 +47,17 @@ def read(pid, local_addr, remote_addr, n):
         k = min(_PIECE, n - done)
         local.iov_base, local.iov_len = local_addr + done, k
         remote.iov_base, remote.iov_len = remote_addr + done, k
-        got = _readv(pid, lp, 1, rp, 1, 0)
+        got = call(pid, lp, 1, rp, 1, 0)
         if got <= 0:
             e = ctypes.get_errno()
-            raise OSError(e, f"process_vm_readv from pid {pid}: {os.strerror(e)}")
+            name = "process_vm_writev to" if call is _writev else "process_vm_readv from"
+            raise OSError(e, f"{name} pid {pid}: {os.strerror(e)}")
         done += got
+
+
+def write(pid, local_addr, remote_addr, n):
+    """Copy n bytes from local_addr to remote_addr in process pid; OSError on failure."""
+    read(pid, local_addr, remote_addr, n, _writev)
 
 
 def probe(pid, remote_addr, expected):

@@ -153,6 +153,7 @@ class _Link:
         self.peer_departed_i = (pb + _R_DEPARTED) // 8
         self.pid = q[(pb + _R_PID) // 8]
         self.cma_out = False            # the peer may read this process's memory
+        self.cma_in = False             # this process may read (and write) the peer's
         self.cma_seq = 0
         self.posted = collections.deque()
         self.stash = collections.deque()
@@ -503,6 +504,7 @@ class ShmTransport:
     def read_cma_flags(self):
         for link in self.links.values():
             link.cma_out = self.q[link.o_cma_ok_i] == 1
+            link.cma_in = self.q[link.i_cma_ok_i] == 1
 
     # -- errors ------------------------------------------------------------------
     def peer_desc(self, peer):
@@ -546,6 +548,11 @@ class ShmTransport:
         return s
 
     overlaps = True         # exchange(meanwhile=) runs local work while peers copy
+
+    @property
+    def collectives(self):
+        """Whole-collective fast paths: name -> fn(comm, ...) -> True if it ran."""
+        return _COLLECTIVES
 
     def exchange(self, sends, recvs, stamp, deadline, meanwhile=None):
         """Move every (peer, buffer) send and receive; return when all are done.
@@ -799,6 +806,52 @@ class ShmTransport:
         arena.close()
         if self.broken is None:
             self.broken = GroupClosed("the group was destroyed")
+
+
+COOP_MIN = 4 << 20          # a two-rank broadcast this large splits its copy between both
+
+
+def broadcast_pair(c, arr, root):
+    """Broadcast between two ranks with both cores copying: the receiver reads the
+    first half out of the root (single copy), while the root writes the second half
+    straight into the receiver's buffer (process_vm_writev). Returns False (nothing
+    sent) where that does not apply; both ranks decide alike.
+
+    The ranks first swap their buffers' addresses (so ranks that disagree on the
+    root read each other's stamps: a Desync, not a wait); the receiver returns only
+    after the root's "done": the root never writes into a buffer its owner has left.
+    """
+    t = c._t
+    n = arr.nbytes
+    if t.size != 2 or n < COOP_MIN or t.cma_min > n // 4:
+        return False
+    peer = 1 - t.rank
+    link = t.links[peer]
+    if not (link.cma_out and link.cma_in):
+        return False
+    mv = memoryview(arr.reshape(-1).view("u1"))
+    half = (n // 2) & ~(_PAGE - 1)
+    where = bytearray(8)
+    c.exchange(sends=[(peer, struct.pack("<Q", cma.address(mv)))], recvs=[(peer, where)])
+    if t.rank == root:
+        dest = int.from_bytes(where, "little")
+
+        def second_half():
+            try:
+                cma.write(link.pid, cma.address(mv) + half, dest + half, n - half)
+            except OSError as e:
+                raise t.peer_lost(peer, f"could not be written to ({e.strerror or e})") \
+                    from None
+        c.exchange(sends=[(peer, mv[:half])], meanwhile=second_half)
+        c.send(peer, _NOTHING)
+    else:
+        # the first half, then the root's word that the second is in place
+        c.exchange(recvs=[(root, mv[:half]), (root, memoryview(bytearray(0)))])
+    return True
+
+
+_NOTHING = memoryview(b"")
+_COLLECTIVES = {"broadcast": broadcast_pair}
 
 
 def _cma_header(header):
