@@ -74,6 +74,7 @@ _INLINE = 64 << 10                   # messages up to this size are written in o
 _STASH_STEP = 1 << 20                # a stashed message's buffer grows as its bytes arrive
 SPIN_US = 50.0                       # spin this long before sleeping (a quarter when
                                      # there are more ranks than cores)
+SPIN_ACK_US = 1000.0                 # ... and this long for a peer copying a single-copy send
 YIELDS = 8                           # sched_yield()s before sleeping, when oversubscribed
 _SLICE_S = 0.25                      # longest single futex sleep
 _LIVENESS_S = 0.5                    # how often a sleeper checks that its peers live
@@ -475,6 +476,9 @@ class ShmTransport:
             (os.cpu_count() or 1)
         # more ranks than cores: a spinning rank takes the core its peer needs
         self._spin_s = SPIN_US * 1e-6 if size <= ncpu else 0.0
+        # a single-copy send completes when the peer has copied it out: with a core
+        # each, spin through that copy rather than pay a sleep and a wake-up after it
+        self._spin_ack_s = SPIN_ACK_US * 1e-6 if size <= ncpu else 0.0
         self._yields = 0 if size <= ncpu else YIELDS
         self._last_check = time.monotonic()
 
@@ -636,11 +640,15 @@ class ShmTransport:
                     continue
                 # spin a little where every rank has a core, then sleep
                 if spins == 0:
-                    spin_end = time.perf_counter() + self._spin_s
+                    acking = self._spin_ack_s and any(s.seq and not s.done for s in sends)
+                    spin_end = time.perf_counter() + (self._spin_ack_s if acking
+                                                      else self._spin_s)
                     spins = 1
                     continue
                 if time.perf_counter() < spin_end:
                     spins += 1
+                    if acking:
+                        os.sched_yield()      # the long spin gives way to anyone runnable
                     continue
                 if spins <= self._yields:
                     # more ranks than cores: hand the core to a peer (which may be the one
