@@ -40,7 +40,7 @@ import time
 from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
 from . import cma, futex
 from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, decode_error, desync_text,
-                   encode_error, header_problem)
+                   encode_error, header_problem, header_seq)
 
 SHM_DIR = "/dev/shm"
 _MAGIC = 0x3130726f63636161          # b"aaccor01"
@@ -577,7 +577,7 @@ class ShmTransport:
         if meanwhile is not None:
             self._step(posted, outgoing, ())
             meanwhile()
-        self._progress(posted, outgoing, deadline)
+        self._progress(posted, outgoing, deadline, stamp=stamp)
 
     def send_p2p(self, peer, buf, tag, deadline):
         self._check_usable()
@@ -621,7 +621,7 @@ class ShmTransport:
                 moved = True
         return moved
 
-    def _progress(self, recvs, sends, deadline, drain=()):
+    def _progress(self, recvs, sends, deadline, drain=(), stamp=None):
         i32, q, links = self.i32, self.q, self.links
         spins = 0
         flags = None
@@ -663,6 +663,8 @@ class ShmTransport:
                         if all(s.done for s in sends) and all(r.done for r in recvs):
                             return
                         self._check_abort()
+                    if stamp is not None:
+                        self._check_blocked_sends(sends, stamp)
                     # say what we wait for, then look once more before sleeping: a writer
                     # either sees the flag (and wakes us) or we see its data
                     expected = i32[self._doorbell_i]
@@ -703,6 +705,28 @@ class ShmTransport:
             if flags and self.q is not None:
                 for i in flags:
                     q[i] = 0
+
+    def _check_blocked_sends(self, sends, stamp):
+        """A collective send waiting for ring space: does the peer send us something
+        this call can never take? Ranks that each believe they are a root only send;
+        once their messages fill the rings they would wait for each other until the
+        timeout. A stamp of this call or an earlier one that does not match ours is
+        a Desync, named now."""
+        for s in sends:
+            if s.done:
+                continue
+            link = self.links[s.peer]
+            if not link.sends or link.incoming is not None or link.posted:
+                continue
+            if self.q[link.i_head_i] - link.i_tail < HEADER_SIZE:
+                continue
+            h = HEADER.unpack(bytes(link._peek(HEADER_SIZE)))
+            if h[0] & ~_CMA_FLAG != COLL:
+                continue
+            h = (COLL,) + h[1:]
+            if header_problem(h) is None and header_seq(h) <= stamp.seq and \
+                    not stamp.matches(h):
+                raise self.desync(s.peer, stamp, h)
 
     def _check_abort(self):
         who = self.q[_H_ABORT // 8]
