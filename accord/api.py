@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from . import rendezvous
-from .algorithms import even_counts, rooted, split
+from .algorithms import allgather, even_counts, rooted, split
 from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
 from .algorithms.table import choose
 from .buffers import as_buf
@@ -311,10 +311,17 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
     total = sum(b.nbytes for b in blocks)
     algo = choose("all_gather", total, g.size, g.options.algorithms)
 
-    def body(c):
+    def own():
         np.copyto(blocks[g.rank], mine.arr, casting="no")
-        if c is not None:
-            algo(c, blocks)
+
+    def body(c):
+        if c is not None and algo is allgather.direct:
+            # peers copy this rank's block straight from the input while it copies its own
+            algo(c, blocks, mine.arr, own)
+        else:
+            own()
+            if c is not None:
+                algo(c, blocks)
         _finish(*outs)
     return _run(g, opname, body, async_op, timeout, _stamp(mine, count=total))
 

@@ -8,8 +8,14 @@ def ring(c, blocks):
         c.exchange(sends=[(right, blocks[(r - s) % n])], recvs=[(left, blocks[(r - s - 1) % n])])
 
 
-def direct(c, blocks):
-    """Every rank sends its block to every other at once: one step, for small sizes."""
+def direct(c, blocks, mine=None, meanwhile=None):
+    """Every rank sends its block to every other at once: one step.
+
+    mine: the source of this rank's block, sent as it is, so that meanwhile (which
+    copies it into blocks[rank]) can run while the peers copy it out.
+    """
     r = c.rank
     peers = [p for p in range(c.size) if p != r]
-    c.exchange(sends=[(p, blocks[r]) for p in peers], recvs=[(p, blocks[p]) for p in peers])
+    src = blocks[r] if mine is None else mine
+    c.exchange(sends=[(p, src) for p in peers], recvs=[(p, blocks[p]) for p in peers],
+               meanwhile=meanwhile)
