@@ -27,7 +27,19 @@ producer); a writer bumps the sleeper's doorbell (FUTEX_WAKE_OP: atomic add
 + wake) only when it finds that flag up. Both sides put a full fence between
 their store and their load of the other side's word, and the sleeper passes
 FUTEX_WAIT the doorbell value it read before raising its flags, so a wake-up
-is never lost.
+is never lost. A rank whose single-copy send is being copied out spins
+(yielding) up to SPIN_ACK_US first, where every rank has a core.
+
+Headers read off a ring are checked (wire.header_problem) before they are
+routed, and messages nobody awaits yet wait in a stash that grows as their
+bytes arrive. A collective send blocked on a full ring looks at the peer's
+next message, so two ranks that both only send (both "roots") meet each
+other's stamps instead of waiting for the timeout.
+
+Whole-collective fast paths (`collectives`, consulted through
+Comm.collective): a two-rank broadcast of COOP_MIN bytes or more splits its
+copy between both cores (broadcast_pair). `exchange(meanwhile=)` runs local
+work (a root's own block) after the sends are posted, while peers copy.
 """
 import collections
 import mmap
