@@ -11,7 +11,7 @@ stays in /dev/shm after an exit, an exception or a SIGKILL. Inside it:
   `head` is written only by the producer, `tail` and `acked` only by the
   consumer, so no atomic read-modify-write is needed on the data path.
 
-Messages are the TCP transport's: a 40-byte stamped header, then the payload,
+Messages are the TCP transport's: a 32-byte stamped header, then the payload,
 streamed through the ring in chunks (the producer publishes each chunk as it
 is written, the consumer copies it out at once: a message larger than the
 ring is pipelined through it). A large message to a peer that may read this
