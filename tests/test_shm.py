@@ -529,3 +529,37 @@ def test_two_rank_broadcast_splits_the_copy(env):
         # both ranks take the same path: both halves of the copy, or the plain one
         want = [True] * 4 if env.get("ACCORD_SHM_CMA") != "0" else [False] * 4
         assert ran[:7] == want + [False, False] + want[:1], ran
+
+
+# -- receiving from any source (transport level; api.recv(src=None) is not wired yet) ---------
+
+def _any_source(rank, world, n):
+    t = _transport()
+    deadline = lambda: time.monotonic() + 20      # noqa: E731
+    if rank == 0:
+        got = {}
+        for _ in range(world - 1):
+            buf = np.zeros(n, np.int32)
+            peer = t.recv_p2p_any(memoryview(buf).cast("B"), 5, deadline())
+            assert (buf == peer).all(), (peer, buf[:4])
+            got[peer] = True
+        # a message that arrived before the receive (a collective pulls it into the stash)
+        dist.barrier()
+        buf = np.zeros(n, np.int32)
+        peer = t.recv_p2p_any(memoryview(buf).cast("B"), 6, deadline())
+        assert peer == world - 1 and (buf == 100).all()
+        return sorted(got)
+    if rank == 2:
+        time.sleep(0.2)         # rank 1's message comes first; neither may land twice
+    dist.send(np.full(n, rank, np.int32), dst=0, tag=5)
+    if rank == world - 1:
+        dist.send(np.full(n, 100, np.int32), dst=0, tag=6)
+    dist.barrier()
+    return None
+
+
+@pytest.mark.parametrize("env,n", [(SHM, 3), (SHM, 300_001), (SMALL_ARENA, 300_001)],
+                         ids=["small", "cma", "streamed"])
+def test_receive_from_any_source(env, n):
+    out = run_ranks(3, _any_source, n, env=env, timeout=60)
+    assert out[0] == [1, 2]

@@ -102,11 +102,27 @@ def arena_layout(size, arena_bytes):
 
 
 class _Recv:
-    __slots__ = ("peer", "stamp", "dest", "tag", "done", "length")
+    __slots__ = ("peer", "stamp", "dest", "tag", "done", "length", "rivals", "won")
 
     def __init__(self, peer, dest, stamp=None, tag=None):
         self.peer, self.dest, self.stamp, self.tag = peer, dest, stamp, tag
         self.done, self.length = False, len(dest)
+        self.rivals = None          # an any-source receive: the same receive on every link
+        self.won = False
+
+    def claim(self, links):
+        """This receive takes a message: its rivals on the other links are withdrawn."""
+        self.won = True
+        rivals, self.rivals = self.rivals, None
+        if rivals:
+            for o in rivals:
+                if o is not self and not o.done:
+                    o.done = True
+                    o.rivals = None
+                    try:
+                        links[o.peer].posted.remove(o)
+                    except ValueError:
+                        pass
 
 
 class _Send:
@@ -418,6 +434,8 @@ class _Link:
                 if r.tag is not None and r.tag == h[5]:
                     if length != r.length:
                         raise self.t.p2p_size_mismatch(self.peer, h, r)
+                    if r.rivals:
+                        r.claim(self.t.links)
                     return r.dest, r
         st = _Stash(h)
         return st.view(), st
@@ -452,6 +470,8 @@ class _Link:
                     continue
                 if not r.stamp.matches(h) or len(data) != r.length:
                     raise self.t.desync(self.peer, r.stamp, h)
+            if r.rivals:
+                r.claim(self.t.links)
             r.dest[:] = data
             del self.stash[i]
             r.done = True
@@ -609,6 +629,24 @@ class ShmTransport:
             return
         link.posted.append(r)
         self._progress([r], [], deadline)
+
+    def recv_p2p_any(self, buf, tag, deadline):
+        """Receive the first message with `tag` from any peer into buf; return that peer.
+
+        Messages already waiting in the stashes come first; otherwise the receive is
+        posted on every link, and the first link to route a matching message takes
+        it and withdraws the others (before any byte lands in buf).
+        """
+        self._check_usable()
+        for peer, link in self.links.items():
+            if link.stash and link.take_stashed(_Recv(peer, buf, tag=tag)):
+                return peer
+        rivals = [_Recv(peer, buf, tag=tag) for peer in self.links]
+        for r in rivals:
+            r.rivals = rivals
+            self.links[r.peer].posted.append(r)
+        self._progress(rivals, [], deadline)
+        return next(r.peer for r in rivals if r.won)
 
     def _check_usable(self):
         if self.broken is not None and isinstance(self.broken, GroupClosed):
