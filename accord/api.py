@@ -611,10 +611,21 @@ def _recv(tensor, src, group, tag, group_src, timeout, async_op):
     g = _group(group)
     if not g.is_member:
         return None
-    if src is None and group_src is None:
-        raise ValueError("src: required (receiving from any source is not supported)")
-    peer, tag = _p2p(g, src, group_src, "src", tag)
     buf = as_buf(tensor, "tensor")
+    if src is None and group_src is None:
+        # any source, as torch: the first message with this tag, from whichever peer
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+            raise TypeError(f"tag: expected an int, got {type(tag).__name__}")
+        tag = int(tag)
+        if g.size == 1:
+            raise ValueError("recv with no src: this group has no other rank to receive from")
+
+        def body(deadline):
+            peer = g.transport.recv_p2p_any(buf.mv, tag, deadline)
+            buf.finish()
+            return g.ranks[peer]
+        return g.submit("recv", body, async_op, to_seconds(timeout, "timeout"), p2p=True)
+    peer, tag = _p2p(g, src, group_src, "src", tag)
 
     def body(deadline):
         g.transport.recv_p2p(peer, buf.mv, tag, deadline)

@@ -171,7 +171,7 @@ class AccordWork(dist.Work):
 
     def _source_rank(self):
         self.wait()
-        return self._source
+        return self._source() if callable(self._source) else self._source
 
     def source_rank(self):
         return self._source_rank()
@@ -514,8 +514,12 @@ class AccordProcessGroup(dist.ProcessGroup):
         return self._work([w], tensors, "recv", st, source=src)
 
     def recv_anysource(self, tensors, tag=0):
-        raise ValueError("recv/irecv without src: accord matches every receive to one sender; "
-                         "pass src=")
+        st = _Stage()
+        w = api.irecv(st.out(_one(tensors, "recv")), group=self._g, tag=tag)
+        g = self._g
+        # known once the message is in: the api's Work yields the sender's rank in g's
+        # numbering of the world; torch wants it within the group
+        return self._work([w], tensors, "recv", st, source=lambda: g.ranks.index(w.result()))
 
     # -- lifetime ------------------------------------------------------------------
     def shutdown(self):

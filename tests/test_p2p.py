@@ -143,3 +143,27 @@ def _bad_p2p(rank, world):
 
 def test_bad_p2p_arguments():
     run_ranks(2, _bad_p2p, timeout=30)
+
+
+def _any_source(rank, world, transport):
+    n = 1000
+    if rank == 0:
+        got = {}
+        for _ in range(world - 1):
+            buf = np.zeros(n, np.int64)
+            src = dist.recv(buf, tag=5)
+            got[src] = buf.copy()
+        # a tagged message from a known source still matches by tag, not by arrival
+        w = dist.irecv(np.zeros(n, np.int64), tag=9)
+        return sorted(got), all((got[s] == s).all() for s in got), w.wait(), w.result()
+    dist.send(np.full(n, rank, np.int64), dst=0, tag=5)
+    if rank == world - 1:
+        dist.send(np.full(n, 7, np.int64), dst=0, tag=9)
+    return None
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_recv_from_any_source_returns_the_sender(transport):
+    out = run_ranks(4, _any_source, transport, timeout=60, env={"ACCORD_TRANSPORT": transport})
+    srcs, data_ok, waited, sender = out[0]
+    assert srcs == [1, 2, 3] and data_ok and waited is True and sender == 3

@@ -343,3 +343,20 @@ def test_import_accord_without_torch_module():
                          timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
     assert accord.__name__ == "accord"
+
+
+def _any_source(rank, world, backend):
+    if rank == 0:
+        senders = []
+        for _ in range(world - 1):
+            t = torch.zeros(3, dtype=torch.int64)
+            src = dist.recv(t)                   # no src: whichever rank sends first
+            senders.append((src, t.tolist()))
+        return sorted(senders)
+    dist.send(torch.full((3,), rank * 10, dtype=torch.int64), dst=0)
+    return None
+
+
+def test_recv_without_src_matches_gloo():
+    res = run_torch(3, _any_source, backends=("gloo", "accord"), timeout=60)
+    assert res[0]["accord"] == res[0]["gloo"] == [(1, [10, 10, 10]), (2, [20, 20, 20])]

@@ -27,11 +27,26 @@ _EOF_ERRNOS = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ECONNABORTED
 
 
 class _Recv:
-    __slots__ = ("peer", "stamp", "dest", "tag", "done", "off", "src_tag", "length")
+    __slots__ = ("peer", "stamp", "dest", "tag", "done", "off", "src_tag", "length", "rivals",
+                 "won")
 
     def __init__(self, peer, dest, stamp=None, tag=None):
         self.peer, self.dest, self.stamp, self.tag = peer, dest, stamp, tag
         self.done, self.off, self.length = False, 0, len(dest)
+        self.rivals = None          # an any-source receive: the same receive on every link
+        self.won = False
+
+    def claim(self, links):
+        """This receive takes a message: withdraw its rivals before any byte lands."""
+        self.won = True
+        rivals, self.rivals = self.rivals, None
+        for o in rivals or ():
+            if o is not self and not o.done:
+                o.done, o.rivals = True, None
+                try:
+                    links[o.peer].posted.remove(o)
+                except ValueError:
+                    pass
 
 
 class _Send:
@@ -234,6 +249,8 @@ class Link:
                 if r.tag is not None and r.tag == h[5]:
                     if length != r.length:
                         raise self.t.p2p_size_mismatch(self.peer, h, r)
+                    if r.rivals:
+                        r.claim(self.t.links)
                     return (h, r.dest, 0, r)
         stash = _Stash(h)
         return (h, stash.view(), 0, stash)
@@ -269,6 +286,8 @@ class Link:
                     continue
                 if not r.stamp.matches(h) or len(data) != r.length:
                     raise self.t.desync(self.peer, r.stamp, h)
+            if r.rivals:
+                r.claim(self.t.links)
             r.dest[:] = data
             del self.stash[i]
             r.done = True
@@ -407,6 +426,38 @@ class TcpTransport:
         link.posted.append(r)
         self._progress([r], [], deadline)
 
+    def recv_p2p_any(self, buf, tag, deadline):
+        """Receive the first message with `tag` from any peer into buf; return that peer.
+
+        Stashed messages come first; otherwise the receive is posted on every link
+        and the first link to route a match takes it, withdrawing the others."""
+        for peer, link in self.links.items():
+            if link.stash and link.take_stashed(_Recv(peer, buf, tag=tag)):
+                return peer
+        rivals = [_Recv(peer, buf, tag=tag) for peer, link in self.links.items()
+                  if not (link.departed and link.eof)]
+        for r in rivals:
+            r.rivals = rivals
+            self.links[r.peer].posted.append(r)
+        if rivals:
+            self._progress(list(rivals), [], deadline)
+        for r in rivals:
+            if r.won:
+                return r.peer
+        raise PeerLost(f"{self._here()}: every peer left the group before sending a message "
+                       f"with tag {tag}")
+
+    def _withdraw(self, r):
+        """Drop one link's part of an any-source receive (its peer left)."""
+        r.done = True
+        try:
+            self.links[r.peer].posted.remove(r)
+        except ValueError:
+            pass
+        if r.rivals is not None and all(o.done for o in r.rivals):
+            for o in r.rivals:
+                o.rivals = None
+
     def _progress(self, recvs, sends, deadline, drain_while_sending=False):
         links = self.links
         self.active = (recvs, sends)
@@ -417,8 +468,15 @@ class TcpTransport:
                     if not s.done and links[s.peer].push():
                         moved = True
                 for r in recvs:
-                    if not r.done and links[r.peer].advance():
-                        moved = True
+                    if not r.done:
+                        try:
+                            if links[r.peer].advance():
+                                moved = True
+                        except PeerLost:
+                            if not (r.rivals and links[r.peer].departed):
+                                raise
+                            self._withdraw(r)     # that peer left; another may still send
+                            moved = True
                 if all(s.done for s in sends) and all(r.done for r in recvs):
                     return
                 if not moved:
