@@ -272,10 +272,14 @@ def _chain(c, pieces, root):
     n = c.size
     pos = (c.rank - root) % n
     prev, nxt = (c.rank - 1) % n, (c.rank + 1) % n
+    # one exchange per piece: a transport re-checks every pending message of an
+    # exchange each time it makes progress, so hundreds at once cost quadratic time
     if pos == 0:
-        c.exchange(sends=[(nxt, p) for p in pieces])
+        for p in pieces:
+            c.send(nxt, p)
     elif pos == n - 1:
-        c.exchange(recvs=[(prev, p) for p in pieces])
+        for p in pieces:
+            c.recv(prev, p)
     else:
         for i, p in enumerate(pieces):
             c.exchange(sends=[(nxt, pieces[i - 1])] if i else [], recvs=[(prev, p)])
