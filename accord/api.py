@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from . import rendezvous
-from .algorithms import allgather, even_counts, rooted, split
+from .algorithms import allgather, rooted, split
 from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
 from .algorithms.table import choose
 from .buffers import as_buf

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 
-from accord.bench_worker import OPS, PREFIX, algbw_bytes, bus_factor, plan
+from accord.bench_worker import OPS, PREFIX, algbw_bytes, bus_factor
 
 DEFAULT_SIZES = "8,1K,64K,1M,16M,64M"
 QUICK_SIZES = "8,1K,64K"
@@ -626,7 +626,7 @@ def main(args):
     head = [f"# {command_line()}",
             f"# method: anchors' (warm-up; blocks of ops, barrier before each; max over ranks; "
             f"median block){'; --quick plan' if settings.quick else ''}",
-            f"# libraries: " + "; ".join(describe_lib(l, settings) for l in libs)
+            "# libraries: " + "; ".join(describe_lib(l, settings) for l in libs)
             + "".join(f"; {l}: skipped ({why})" for l, why in skipped),
             f"# GLIBC_TUNABLES={settings.glibc}"
             + (f" (x86_non_temporal_threshold {nt})" if nt else "")

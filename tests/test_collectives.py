@@ -6,7 +6,6 @@ at small sizes through ACCORD_ALGORITHMS. Each rank computes every other
 rank's input from a seed, so it checks its own result in place; results that
 must be bit-identical across ranks are hashed and compared in the parent.
 """
-import functools
 import hashlib
 
 import numpy as np

@@ -51,6 +51,7 @@ import time
 
 from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
 from . import cma, futex
+from .matching import Recv, StashMatching
 from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, decode_error, desync_text,
                    encode_error, header_problem, header_seq)
 
@@ -101,29 +102,6 @@ def arena_layout(size, arena_bytes):
     return cap, fixed + nchan * cap
 
 
-class _Recv:
-    __slots__ = ("peer", "stamp", "dest", "tag", "done", "length", "rivals", "won")
-
-    def __init__(self, peer, dest, stamp=None, tag=None):
-        self.peer, self.dest, self.stamp, self.tag = peer, dest, stamp, tag
-        self.done, self.length = False, len(dest)
-        self.rivals = None          # an any-source receive: the same receive on every link
-        self.won = False
-
-    def claim(self, links):
-        """This receive takes a message: its rivals on the other links are withdrawn."""
-        self.won = True
-        rivals, self.rivals = self.rivals, None
-        if rivals:
-            for o in rivals:
-                if o is not self and not o.done:
-                    o.done = True
-                    o.rivals = None
-                    try:
-                        links[o.peer].posted.remove(o)
-                    except ValueError:
-                        pass
-
 
 class _Send:
     __slots__ = ("peer", "parts", "part", "off", "done", "seq", "keep")
@@ -154,12 +132,12 @@ class _Stash:
         return memoryview(self.buf)
 
 
-class _Link:
+class _Link(StashMatching):
     """This rank's two rings with one peer, and the state of the messages on them."""
 
     def __init__(self, t, peer):
         self.t, self.peer = t, peer
-        n, me = t.size, t.rank
+        me = t.rank
         out_c, in_c = t.chan_offset(me, peer), t.chan_offset(peer, me)
         self.cap = t.cap
         self.o_head_i, self.o_tail_i = (out_c + _C_HEAD) // 8, (out_c + _C_TAIL) // 8
@@ -447,36 +425,11 @@ class _Link:
             if owner.kind == "bye":
                 self.departed = True
                 return
-            self.stash.append((h, memoryview(owner.buf)))
-            # a receive posted while this message was streaming into the stash takes it now
-            for r in list(self.posted):
-                if self.take_stashed(r):
-                    self.posted.remove(r)
-                    break
+            self.stashed(h, memoryview(owner.buf))
             return
         owner.done = True
         self.posted.remove(owner)
 
-    def take_stashed(self, r):
-        """Satisfy a receive from the stash; True if it was there."""
-        for i, (h, data) in enumerate(self.stash):
-            if r.tag is not None:
-                if h[0] != P2P or h[5] != r.tag:
-                    continue
-                if len(data) != r.length:
-                    raise self.t.p2p_size_mismatch(self.peer, h, r)
-            else:
-                if h[0] != COLL:
-                    continue
-                if not r.stamp.matches(h) or len(data) != r.length:
-                    raise self.t.desync(self.peer, r.stamp, h)
-            if r.rivals:
-                r.claim(self.t.links)
-            r.dest[:] = data
-            del self.stash[i]
-            r.done = True
-            return True
-        return False
 
     def has_input(self):
         return self.t.q[self.i_head_i] != self.i_tail
@@ -600,7 +553,7 @@ class ShmTransport:
         posted = []
         links = self.links
         for peer, buf in recvs:
-            r = _Recv(peer, buf, stamp=stamp)
+            r = Recv(peer, buf, stamp=stamp)
             link = links[peer]
             if not (link.stash and link.take_stashed(r)):
                 link.posted.append(r)
@@ -623,7 +576,7 @@ class ShmTransport:
 
     def recv_p2p(self, peer, buf, tag, deadline):
         self._check_usable()
-        r = _Recv(peer, buf, tag=tag)
+        r = Recv(peer, buf, tag=tag)
         link = self.links[peer]
         if link.take_stashed(r):
             return
@@ -639,9 +592,9 @@ class ShmTransport:
         """
         self._check_usable()
         for peer, link in self.links.items():
-            if link.stash and link.take_stashed(_Recv(peer, buf, tag=tag)):
+            if link.stash and link.take_stashed(Recv(peer, buf, tag=tag)):
                 return peer
-        rivals = [_Recv(peer, buf, tag=tag) for peer in self.links]
+        rivals = [Recv(peer, buf, tag=tag) for peer in self.links]
         for r in rivals:
             r.rivals = rivals
             self.links[r.peer].posted.append(r)

@@ -16,6 +16,7 @@ import socket
 import time
 
 from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
+from .matching import Recv, StashMatching
 from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, abort_header, decode_error,
                    desync_text, encode_error, header_problem)
 
@@ -25,28 +26,6 @@ _POLL_SLICE_MS = 1000
 _IDLE_MASK = select.POLLRDHUP | select.POLLERR | select.POLLHUP
 _EOF_ERRNOS = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ECONNABORTED, errno.ETIMEDOUT)
 
-
-class _Recv:
-    __slots__ = ("peer", "stamp", "dest", "tag", "done", "off", "src_tag", "length", "rivals",
-                 "won")
-
-    def __init__(self, peer, dest, stamp=None, tag=None):
-        self.peer, self.dest, self.stamp, self.tag = peer, dest, stamp, tag
-        self.done, self.off, self.length = False, 0, len(dest)
-        self.rivals = None          # an any-source receive: the same receive on every link
-        self.won = False
-
-    def claim(self, links):
-        """This receive takes a message: withdraw its rivals before any byte lands."""
-        self.won = True
-        rivals, self.rivals = self.rivals, None
-        for o in rivals or ():
-            if o is not self and not o.done:
-                o.done, o.rivals = True, None
-                try:
-                    links[o.peer].posted.remove(o)
-                except ValueError:
-                    pass
 
 
 class _Send:
@@ -78,7 +57,7 @@ class _Stash:
         return memoryview(self.buf)
 
 
-class Link:
+class Link(StashMatching):
     """One peer's connection: a small read buffer, a stash, the message in flight."""
 
     def __init__(self, sock, peer, transport):
@@ -263,36 +242,11 @@ class Link:
             self.eof = True
             raise decode_error(dest, self.t.peer_desc(self.peer))
         if owner.__class__ is _Stash:
-            self.stash.append((h, owner.data()))
-            # a receive posted while this message streamed into the stash takes it now
-            for r in list(self.posted):
-                if self.take_stashed(r):
-                    self.posted.remove(r)
-                    break
+            self.stashed(h, owner.data())
             return
         owner.done = True
         self.posted.remove(owner)
 
-    def take_stashed(self, r):
-        """Satisfy a receive from the stash; True if it was there."""
-        for i, (h, data) in enumerate(self.stash):
-            if r.tag is not None:
-                if h[0] != P2P or h[5] != r.tag:
-                    continue
-                if len(data) != r.length:
-                    raise self.t.p2p_size_mismatch(self.peer, h, r)
-            else:
-                if h[0] != COLL:
-                    continue
-                if not r.stamp.matches(h) or len(data) != r.length:
-                    raise self.t.desync(self.peer, r.stamp, h)
-            if r.rivals:
-                r.claim(self.t.links)
-            r.dest[:] = data
-            del self.stash[i]
-            r.done = True
-            return True
-        return False
 
     # -- writing -----------------------------------------------------------
     def push(self):
@@ -398,7 +352,7 @@ class TcpTransport:
         """Move every (peer, buffer) send and receive; return when all are done."""
         posted = []
         for peer, buf in recvs:
-            r = _Recv(peer, buf, stamp=stamp)
+            r = Recv(peer, buf, stamp=stamp)
             link = self.links[peer]
             if not link.take_stashed(r):
                 link.posted.append(r)
@@ -419,7 +373,7 @@ class TcpTransport:
         self._progress([], [s], deadline, drain_while_sending=True)
 
     def recv_p2p(self, peer, buf, tag, deadline):
-        r = _Recv(peer, buf, tag=tag)
+        r = Recv(peer, buf, tag=tag)
         link = self.links[peer]
         if link.take_stashed(r):
             return
@@ -432,9 +386,9 @@ class TcpTransport:
         Stashed messages come first; otherwise the receive is posted on every link
         and the first link to route a match takes it, withdrawing the others."""
         for peer, link in self.links.items():
-            if link.stash and link.take_stashed(_Recv(peer, buf, tag=tag)):
+            if link.stash and link.take_stashed(Recv(peer, buf, tag=tag)):
                 return peer
-        rivals = [_Recv(peer, buf, tag=tag) for peer, link in self.links.items()
+        rivals = [Recv(peer, buf, tag=tag) for peer, link in self.links.items()
                   if not (link.departed and link.eof)]
         for r in rivals:
             r.rivals = rivals

@@ -1,0 +1,66 @@
+"""Matching incoming messages to posted receives, shared by every transport.
+
+A link keeps the receives posted on it (`posted`, in order) and the messages
+that arrived before anyone asked for them (`stash`: point-to-point messages
+with another tag, or collective messages that overtook an awaited
+point-to-point one). An any-source receive is posted on every link as a set
+of rivals; the first link that matches one withdraws the others.
+"""
+from .wire import COLL, P2P
+
+
+class Recv:
+    """A receive posted on one link: into dest, matching a stamp (collective) or a tag."""
+    __slots__ = ("peer", "stamp", "dest", "tag", "done", "length", "rivals", "won")
+
+    def __init__(self, peer, dest, stamp=None, tag=None):
+        self.peer, self.dest, self.stamp, self.tag = peer, dest, stamp, tag
+        self.done, self.length = False, len(dest)
+        self.rivals = None          # an any-source receive: the same receive on every link
+        self.won = False
+
+    def claim(self, links):
+        """This receive takes a message: withdraw its rivals before any byte lands."""
+        self.won = True
+        rivals, self.rivals = self.rivals, None
+        for o in rivals or ():
+            if o is not self and not o.done:
+                o.done, o.rivals = True, None
+                try:
+                    links[o.peer].posted.remove(o)
+                except ValueError:
+                    pass
+
+
+class StashMatching:
+    """Mixin for links with `posted`, `stash`, `peer` and `t` (the transport)."""
+
+    def take_stashed(self, r):
+        """Satisfy a receive from the stash; True if it was there."""
+        for i, (h, data) in enumerate(self.stash):
+            if r.tag is not None:
+                if h[0] != P2P or h[5] != r.tag:
+                    continue
+                if len(data) != r.length:
+                    raise self.t.p2p_size_mismatch(self.peer, h, r)
+            else:
+                if h[0] != COLL:
+                    continue
+                if not r.stamp.matches(h) or len(data) != r.length:
+                    raise self.t.desync(self.peer, r.stamp, h)
+            if r.rivals:
+                r.claim(self.t.links)
+            r.dest[:] = data
+            del self.stash[i]
+            r.done = True
+            return True
+        return False
+
+    def stashed(self, h, data):
+        """Keep a message nobody asked for yet; a receive posted while it streamed in
+        takes it now."""
+        self.stash.append((h, data))
+        for r in list(self.posted):
+            if self.take_stashed(r):
+                self.posted.remove(r)
+                break
