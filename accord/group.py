@@ -17,7 +17,7 @@ import numpy as np
 from . import debug, debug_detail
 from .algorithms import Comm
 from .errors import AccordError, CommTimeout, GroupClosed
-from .transport.wire import OP_CODES, Stamp
+from .transport.wire import OP_CODES, Stamp, decode_error, encode_error
 from .work import Work
 
 
@@ -64,7 +64,27 @@ class ProcessGroup:
             # what a Desync message needs: this rank's past calls, call sites' text
             t.history = self._history
             t.site_text = self._site_text
+            t.reason_of = self._abort_reason
             debug.register(self)
+
+    def _abort_key(self, group_rank):
+        return f"{self.name}/abort/{group_rank}"
+
+    def _abort_reason(self, peer):
+        """Why a peer that hung up mid-message aborted, from the store (or None).
+
+        A rank that aborts while a message to some peer is half sent cannot frame
+        an ABORT on that link; it leaves its reason in the store first."""
+        store = self.store
+        if store is None:
+            return None
+        try:
+            key = self._abort_key(peer)
+            if not store.check([key]):
+                return None
+            return decode_error(store.get(key), self.describe_rank(peer))
+        except Exception:            # the store may be gone with the job: no reason then
+            return None
 
     def _history(self, seq):
         e = self.recorder.find(seq)
@@ -203,6 +223,11 @@ class ProcessGroup:
         """A failed collective leaves the stream inconsistent: stop the group everywhere."""
         if self._closed is None:
             self._closed = exc
+            if self.store is not None:
+                try:
+                    self.store.set(self._abort_key(self.rank), encode_error(exc))
+                except Exception:
+                    pass
             self.transport.abort(exc)
 
     # -- shutdown ----------------------------------------------------------

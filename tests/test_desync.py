@@ -83,6 +83,21 @@ def test_different_roots_both_roots_send_only(env):
         assert errs[0][2] < 5
 
 
+def _large_different_roots(rank, world):
+    # larger than any socket buffer or ring: both "roots" block sending to each other
+    x = np.full(16 << 20, rank, np.uint8)
+    return _timed(lambda: dist.broadcast(x, src=rank, timeout=20))
+
+
+def test_large_broadcast_with_two_roots_is_a_desync_not_a_timeout(env):
+    for name, msg, took in _errors(run_ranks(2, _large_different_roots, timeout=40, env=env,
+                                             expect_fail=True)):
+        assert name == "Desync", msg
+        assert "root 0" in msg or "root rank 0" in msg, msg
+        assert "root 1" in msg or "root rank 1" in msg, msg
+        assert took < 5, took
+
+
 def _roots_three(rank, world):
     x = np.full(4, rank, np.float32)
     src = 2 if rank == 2 else 0

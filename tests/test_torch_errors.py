@@ -99,7 +99,6 @@ def bad_args(rank, world, backend):
     out = {}
     out["avg_int"] = _catch(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
                                                     op=dist.ReduceOp.AVG))
-    out["anysource"] = _catch(lambda: dist.recv(torch.empty(1)))  if world > 1 else None
     dist.barrier()
     t = torch.ones(2)
     dist.all_reduce(t)                    # argument errors do not break the group
@@ -112,5 +111,4 @@ def test_argument_errors_leave_group_usable():
     for r in res:
         a = r["accord"]
         assert a["avg_int"][0] == "TypeError" and "AVG" in a["avg_int"][1]
-        assert a["anysource"][0] == "ValueError" and "src" in a["anysource"][1]
         assert a["after"] == [2.0, 2.0]

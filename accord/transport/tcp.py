@@ -18,7 +18,7 @@ import time
 from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
 from .matching import Recv, StashMatching
 from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, abort_header, decode_error,
-                   desync_text, encode_error, header_problem)
+                   desync_text, encode_error, header_problem, header_seq)
 
 _RBUF = 1 << 16          # reads of small messages land here first: one syscall per message
 _STASH_STEP = 1 << 20    # a stashed message's buffer grows as its bytes arrive, never on faith
@@ -105,6 +105,9 @@ class Link(StashMatching):
         if self.departed:
             why = "left the group (destroyed it or exited) while this rank still needed it"
         else:
+            reason = self.t.reason_of(self.peer) if self.t.reason_of else None
+            if reason is not None:
+                raise reason
             # a peer that hangs up mid-message could not frame an ABORT: it may be reacting to
             # another peer's death or abort, which is the story worth telling
             other = self.t.first_cause(self)
@@ -138,6 +141,16 @@ class Link(StashMatching):
                 self.departed = True
             pos += h[7]
         return None
+
+    def peek_header(self):
+        """The next message's header without consuming it (None: not all here yet)."""
+        if self.incoming is not None:
+            return None
+        if self.rend - self.rstart < HEADER_SIZE:
+            self._fill_rbuf()
+            if self.rend - self.rstart < HEADER_SIZE:
+                return None
+        return HEADER.unpack_from(self.rbuf, self.rstart)
 
     def advance(self, drain=False):
         """Route incoming messages to posted receives; True if any byte moved.
@@ -292,6 +305,9 @@ class TcpTransport:
             self.links[peer] = Link(sock, peer, self)
         self.broken = None
         self.pid = os.getpid()
+        self.reason_of = None                    # peer -> its abort reason from the store
+        self._sending = None                     # the stamp of the collective exchange under way
+        self._benign = set()                     # peers whose next message was checked harmless
         self.op_desc = ""                        # the call in progress, for error messages
         self.history = None                      # seq -> this rank's call then (set by the group)
         self.site_text = None                    # site id -> "file:line" (set by the group)
@@ -362,7 +378,13 @@ class TcpTransport:
             s = _Send(peer, stamp.header(len(buf)), buf)
             self.links[peer].sends.append(s)
             outgoing.append(s)
-        self._progress(posted, outgoing, deadline)
+        self._sending = stamp
+        if self._benign:
+            self._benign.clear()
+        try:
+            self._progress(posted, outgoing, deadline)
+        finally:
+            self._sending = None
 
     def send_p2p(self, peer, buf, tag, deadline):
         from .wire import HEADER as H
@@ -464,6 +486,16 @@ class TcpTransport:
         for r in recvs:
             if not r.done:
                 masks[r.peer] = masks.get(r.peer, 0) | select.POLLIN
+        crossing = set()
+        if self._sending is not None and not drain_while_sending:
+            # a collective send that cannot move, to a peer this call reads nothing from:
+            # if that peer is sending to us too, in this call or an earlier one, the ranks
+            # disagree (say, both think they are the root) and neither would ever read
+            for s in sends:
+                link = self.links[s.peer]
+                if not s.done and not link.posted and s.peer not in self._benign:
+                    masks[s.peer] |= select.POLLIN
+                    crossing.add(s.peer)
         p = select.poll()
         fds = {}
         for peer, link in self.links.items():
@@ -477,8 +509,24 @@ class TcpTransport:
             peer = fds[fd]
             if peer in readers and ev & select.POLLIN:
                 self.links[peer].advance(drain=True)
+            elif peer in crossing and ev & select.POLLIN:
+                self._check_crossing(self.links[peer])
             elif peer not in masks and ev & (_IDLE_MASK | select.POLLIN):
                 self._drain_idle(self.links[peer])
+
+    def _check_crossing(self, link):
+        h = link.peek_header()
+        if h is None:
+            return
+        stamp = self._sending
+        if h[0] == COLL and not stamp.matches(h) and header_seq(h) <= stamp.seq:
+            raise self.desync(link.peer, stamp, h,
+                              "both ranks are sending to each other in this call")
+        if h[0] in (ABORT, BYE):
+            self._drain_idle(link)
+        else:
+            # what the peer sends belongs to a later step: read it in its turn
+            self._benign.add(link.peer)
 
     def _drain_idle(self, link):
         """A link we are not waiting on hung up: read its last words (ABORT or EOF)."""
