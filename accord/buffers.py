@@ -65,11 +65,12 @@ def is_torch_tensor(obj):
 
 def _from_torch(t, name, writable):
     torch = sys.modules["torch"]
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise TypeError(f"{name}: tensor on device {t.device} is not supported by accord's "
                         f"core; move it to the CPU or use the torch backend (accord.torch)")
     orig = t
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()              # numpy() refuses tensors that record gradients
     writeback = None
     if not t.is_contiguous():
         t = t.contiguous()
@@ -77,7 +78,7 @@ def _from_torch(t, name, writable):
             def writeback(src=t, dst=orig):
                 with torch.no_grad():
                     dst.copy_(src)
-    is_bf16 = t.dtype == torch.bfloat16
+    is_bf16 = t.dtype is torch.bfloat16
     if is_bf16:
         arr = t.view(torch.int16).numpy()
     else:
@@ -85,7 +86,8 @@ def _from_torch(t, name, writable):
             arr = t.numpy()
         except (TypeError, RuntimeError) as e:
             raise TypeError(f"{name}: torch dtype {t.dtype} cannot cross a buffer: {e}") from None
-    return Buf(arr, tuple(orig.shape), writeback, is_bf16)
+    # the array's own shape is the tensor's: no torch.Size to tuple conversion
+    return Buf(arr, arr.shape, writeback, is_bf16)
 
 
 def as_buf(obj, name, writable=True):
