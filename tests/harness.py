@@ -7,6 +7,7 @@ traceback and is re-raised in the test, and a hung child is killed.
 import multiprocessing as mp
 import os
 import pickle
+import sys
 import time
 import traceback
 
@@ -21,6 +22,11 @@ class RankFailed(AssertionError):
 
 def _child(rank, world, port, env, fn, args, conn, init):
     try:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            # a parent that ran torch kernels has an OpenMP pool a forked child cannot
+            # use (its threads did not survive the fork): stay on one thread
+            torch.set_num_threads(1)
         os.environ.update({k: str(v) for k, v in env.items()})
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
