@@ -326,6 +326,9 @@ class _Link(StashMatching):
                             elif len(dest):
                                 cma.read(self.pid, cma.address(dest), addr, len(dest))
                         except OSError as e:
+                            # a sender that aborted (another peer died, say) and exited
+                            # is gone for that reason: report it, not the missing process
+                            self.t._check_abort()
                             raise self.t.peer_lost(self.peer, f"could not be read from "
                                                    f"({e.strerror or e})") from None
                         # a sender that failed and aborted may have dropped its buffer:
@@ -875,6 +878,7 @@ def broadcast_pair(c, arr, root):
             try:
                 cma.write(link.pid, cma.address(mv) + half, dest + half, n - half)
             except OSError as e:
+                t._check_abort()
                 raise t.peer_lost(peer, f"could not be written to ({e.strerror or e})") \
                     from None
         c.exchange(sends=[(peer, mv[:half])], meanwhile=second_half)
