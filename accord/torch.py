@@ -243,6 +243,11 @@ _PREMUL_SUM = int(dist.ReduceOp.RedOpType.PREMUL_SUM.value)
 
 def _reduce_op(rop):
     """torch ReduceOp -> (accord ReduceOp, premul factor or None)."""
+    # torch's ReduceOp and RedOpType hash to the op's number: a cheap key for the
+    # common ops (reading .op.value through pybind costs more than the rest of the call)
+    op = _OPS.get(hash(rop))
+    if op is not None and hash(rop) != _PREMUL_SUM:
+        return op, None
     kind = getattr(rop, "op", rop)
     value = kind.value
     op = _OPS.get(value)
