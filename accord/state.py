@@ -19,7 +19,9 @@ How it goes, on every rank of the group:
    array; larger ones are sent from and received into the caller's memory
    directly, in pieces of about 4 MiB along a chain of ranks, so a rank forwards piece
    i while it receives piece i+1. Nothing large is copied outside the
-   transport.
+   transport. At world 2 over shared memory every piece goes through the ring
+   (shm broadcast_many), so the root copies one piece in while the other rank
+   copies the previous one out.
 """
 import concurrent.futures
 import hashlib
@@ -248,9 +250,14 @@ def _broadcast_bucket(g, root, bucket, async_op, timeout):
     total = sum(p.nbytes for p in pieces)
     name = "bfloat16" if bucket.code == BF16_CODE else bucket.views[0].dtype.name
 
+    # the transport's own two-rank path (shm: through the ring, both cores copying)
+    many = "broadcast" not in g.options.algorithms and g.size == 2
+
     def body(c):
         if c is not None:
-            _chain(c, pieces, root)
+            fast = c.collective("broadcast_many") if many else None
+            if fast is None or not fast(c, pieces, root):
+                _chain(c, pieces, root)
         if small.views and not is_root:
             small.unpack()
     # stamped as one broadcast of `total` bytes: every rank's layout is the same

@@ -190,3 +190,99 @@ def test_first_difference_messages():
                                             "has a list of length 2")
     _, c = flatten({"x": [np.zeros(2), 3], "z": np.zeros(1)})
     assert first_difference(c, a, 1, 0).startswith("['y']: missing on rank 1")
+
+
+# -- world 2 over shared memory: buckets through the ring, both cores copying --
+
+def _bucket_state(rank, salt):
+    rng = np.random.default_rng(salt)
+    sizes = [int(s) for s in rng.integers(1, 300_000, 60)] + [131_072] * 20 + [7, 0, 1]
+    want = {f"t{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(sizes)}
+    base = rng.standard_normal((300, 200))
+    want["strided"] = base[:, ::3]                                      # non-contiguous
+    want["f64"] = [rng.standard_normal(s) for s in (5, 70_000, 600_000)]
+    want["i16"] = np.arange(33, dtype=np.int16)
+    if rank == salt % 2:
+        mine = {k: (v.copy() if isinstance(v, np.ndarray) else [a.copy() for a in v])
+                for k, v in want.items()}
+        mine["strided"] = base.copy()[:, ::3]       # every rank's layout is the same
+        return want, mine
+    got = {k: (np.zeros_like(v) if isinstance(v, np.ndarray) else [np.zeros_like(a) for a in v])
+           for k, v in want.items()}
+    got["strided"] = np.zeros((300, 200))[:, ::3]
+    return want, got
+
+
+def _vectored(rank, world):
+    import time
+    import accord
+    from accord.transport import shm
+    ran = []
+    real = shm._COLLECTIVES["broadcast_many"]
+
+    def spy(c, bufs, root):
+        done = real(c, bufs, root)
+        ran.append(done)
+        return done
+    shm._COLLECTIVES["broadcast_many"] = spy
+    try:
+        for salt in (4, 5):                     # root 0, then root 1
+            want, state = _bucket_state(rank, salt)
+            ptr = state["t3"].ctypes.data
+            accord.broadcast_state(state, src=salt % 2)
+            assert state["t3"].ctypes.data == ptr
+            for k, v in want.items():
+                for a, b in zip(v if isinstance(v, list) else [v],
+                                state[k] if isinstance(v, list) else [state[k]]):
+                    assert a.tobytes() == b.tobytes(), k
+        # a small bucket
+        small = [np.full(1000, rank, np.float32) for _ in range(10)]
+        accord.broadcast_state(small, src=1)
+        assert all((a == 1).all() for a in small)
+        # both ranks think they are the root: each meets the other's stamp, no hang
+        x = [np.zeros(1 << 20, np.float32) for _ in range(8)]
+        t0 = time.monotonic()
+        with pytest.raises(accord.Desync):
+            accord.broadcast_state(x, src=rank, timeout=10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        shm._COLLECTIVES["broadcast_many"] = real
+    return ran
+
+
+@pytest.mark.parametrize("env", [{"ACCORD_TRANSPORT": "shm"},
+                                 {"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_CMA": "0"},
+                                 {"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_ARENA": "64K"}],
+                         ids=["default", "no-cma", "small-arena"])
+def test_two_rank_buckets_go_through_the_ring(env):
+    out = run_ranks(2, _vectored, env=env, timeout=60)
+    for ran in out:
+        # per root: two float32 buckets, one float64, one int16; then the small state
+        # (the desync raises inside it)
+        assert ran == [True] * 9, ran
+
+
+def test_ring_sends_skip_single_copy_even_when_large():
+    assert run_ranks(2, _ring_only, env={"ACCORD_TRANSPORT": "shm"}, timeout=60) == [0, 0]
+
+
+def _ring_only(rank, world):
+    import accord
+    from accord.transport import shm
+    t = accord.api._world.default.transport
+    sent = []
+    real = shm.ShmTransport._send
+
+    def spy(self, peer, header, buf, ring=False):
+        s = real(self, peer, header, buf, ring)
+        sent.append(s.seq)                  # seq: the single-copy number, 0 for the ring
+        return s
+    shm.ShmTransport._send = spy
+    try:
+        state = [np.full(3 << 20, rank, np.uint8), np.full(5 << 20, rank + 1, np.uint8)]
+        accord.broadcast_state(state, src=1)
+        assert (state[0] == 1).all() and (state[1] == 2).all()
+    finally:
+        shm.ShmTransport._send = real
+    assert type(t).__name__ == "ShmTransport"
+    return max(sent, default=0)
