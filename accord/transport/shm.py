@@ -52,11 +52,12 @@ import struct
 import time
 
 from ..algorithms import as_bytes
-from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
+from ..errors import GroupClosed
 from . import cma, futex
 from .matching import Recv, StashMatching
-from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, decode_error, desync_text,
-                   encode_error, header_problem, header_seq)
+from .reports import Reports
+from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, decode_error, encode_error,
+                   header_problem, header_seq)
 
 SHM_DIR = "/dev/shm"
 _MAGIC = 0x3130726f63636161          # b"aaccor01"
@@ -441,8 +442,9 @@ class _Link(StashMatching):
         return self.t.q[self.i_head_i] != self.i_tail
 
 
-class ShmTransport:
+class ShmTransport(Reports):
     """The shared-memory links of one group member to every other member."""
+    medium = "shared memory"
 
     def __init__(self, rank, size, arena, describe_rank, cma_min=1 << 20):
         self.rank, self.size = rank, size
@@ -502,30 +504,6 @@ class ShmTransport:
             link.cma_in = self.q[link.i_cma_ok_i] == 1
 
     # -- errors ------------------------------------------------------------------
-    def peer_desc(self, peer):
-        return self.describe_rank(peer)
-
-    def _here(self):
-        return f"{self.describe_rank(self.rank)}: {self.op_desc}" if self.op_desc else \
-            self.describe_rank(self.rank)
-
-    def peer_lost(self, peer, why):
-        return PeerLost(f"{self._here()}: peer {self.peer_desc(peer)} {why} "
-                        f"(did that process exit or crash?)", peer=peer)
-
-    def desync(self, peer, stamp, h, detail=""):
-        return Desync(f"{self._here()}: " + desync_text(stamp, self.peer_desc(peer), h, detail,
-                                                         self.history, self.site_text))
-
-    def corrupt(self, peer, h, problem):
-        return PeerLost(f"{self._here()}: {self.peer_desc(peer)} sent a corrupt message header "
-                        f"({problem}; header {tuple(h)}); the shared memory cannot be trusted",
-                        peer=peer)
-
-    def p2p_size_mismatch(self, peer, h, r):
-        return Desync(f"{self._here()}: {self.peer_desc(peer)} sent {h[7]} bytes with tag {h[5]} "
-                      f"but the receive buffer holds {r.length} bytes")
-
     # -- the interface ---------------------------------------------------------------
     def _send(self, peer, header, buf, ring=False):
         link = self.links[peer]
@@ -793,17 +771,6 @@ class ShmTransport:
                 raise self.peer_lost(peer, "died (its process is gone)")
             if not departed:
                 raise self.peer_lost(peer, "died (its process is gone)")
-
-    def _timeout(self, recvs, sends):
-        waiting = sorted({self.peer_desc(r.peer) for r in recvs if not r.done})
-        sending = sorted({self.peer_desc(s.peer) for s in sends if not s.done})
-        parts = []
-        if waiting:
-            parts.append("waiting for data from " + ", ".join(waiting))
-        if sending:
-            parts.append("waiting to send to " + ", ".join(sending))
-        return CommTimeout(f"{self._here()}: timed out {'; '.join(parts)} "
-                           f"(is a rank stuck elsewhere, or calling a different collective?)")
 
     # -- shutdown ----------------------------------------------------------------------
     def abort(self, exc):

@@ -15,10 +15,11 @@ import select
 import socket
 import time
 
-from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
+from ..errors import GroupClosed, PeerLost
 from .matching import Recv, StashMatching
+from .reports import Reports
 from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, abort_header, decode_error,
-                   desync_text, encode_error, header_problem, header_seq)
+                   encode_error, header_problem, header_seq)
 
 _RBUF = 1 << 16          # reads of small messages land here first: one syscall per message
 _STASH_STEP = 1 << 20    # a stashed message's buffer grows as its bytes arrive, never on faith
@@ -293,8 +294,9 @@ class Link(StashMatching):
         return moved
 
 
-class TcpTransport:
+class TcpTransport(Reports):
     """The links of one group member to every other member."""
+    medium = "connection"
 
     def __init__(self, rank, size, socks, describe_rank):
         self.rank, self.size = rank, size
@@ -314,21 +316,6 @@ class TcpTransport:
         self.active = None                       # (recvs, sends) being progressed, for reports
 
     # -- errors ------------------------------------------------------------
-    def peer_desc(self, peer):
-        return self.describe_rank(peer)
-
-    def _here(self):
-        return f"{self.describe_rank(self.rank)}: {self.op_desc}" if self.op_desc else \
-            self.describe_rank(self.rank)
-
-    def peer_lost(self, peer, why):
-        return PeerLost(f"{self._here()}: peer {self.peer_desc(peer)} {why} "
-                        f"(did that process exit or crash?)", peer=peer)
-
-    def desync(self, peer, stamp, h, detail=""):
-        return Desync(f"{self._here()}: " + desync_text(stamp, self.peer_desc(peer), h, detail,
-                                                         self.history, self.site_text))
-
     def first_cause(self, hung_up):
         """Another link's ABORT or crash, seen without waiting; None if all look alive."""
         p = select.poll()
@@ -353,15 +340,6 @@ class TcpTransport:
                                           f"{self.peer_desc(hung_up.peer)} hung up on this rank "
                                           f"as well)")
         return None
-
-    def corrupt(self, peer, h, problem):
-        return PeerLost(f"{self._here()}: {self.peer_desc(peer)} sent a corrupt message header "
-                        f"({problem}; header {tuple(h)}); the connection cannot be trusted",
-                        peer=peer)
-
-    def p2p_size_mismatch(self, peer, h, r):
-        return Desync(f"{self._here()}: {self.peer_desc(peer)} sent {h[7]} bytes with tag {h[5]} "
-                      f"but the receive buffer holds {r.length} bytes")
 
     # -- progress ----------------------------------------------------------
     def exchange(self, sends, recvs, stamp, deadline):
@@ -537,17 +515,6 @@ class TcpTransport:
             # once this rank needs it, which the awaited link itself reports
             if not link.departed:
                 raise
-
-    def _timeout(self, recvs, sends):
-        waiting = sorted({self.peer_desc(r.peer) for r in recvs if not r.done})
-        sending = sorted({self.peer_desc(s.peer) for s in sends if not s.done})
-        parts = []
-        if waiting:
-            parts.append("waiting for data from " + ", ".join(waiting))
-        if sending:
-            parts.append("waiting to send to " + ", ".join(sending))
-        return CommTimeout(f"{self._here()}: timed out {'; '.join(parts)} "
-                           f"(is a rank stuck elsewhere, or calling a different collective?)")
 
     # -- shutdown ----------------------------------------------------------
     def abort(self, exc):
