@@ -73,7 +73,10 @@ def check_bucket_bytes(bucket_bytes):
 
 
 class Bucket:
-    """Tensors of one dtype packed back to back (or one large tensor sent as it is)."""
+    """Tensors of one dtype packed back to back (or one large tensor sent as it is).
+
+    A direct bucket's collective takes the caller's tensor itself (strided or not), so
+    allocate/flat/pack/unpack are for packed buckets only."""
     __slots__ = ("code", "views", "offsets", "numel", "direct", "array", "user")
 
     def __init__(self, code):
@@ -141,13 +144,17 @@ class Bucket:
 
 def plan_buckets(items, bucket_bytes, direct_ok=True):
     """Group (view, code, payload) items by dtype code, in first-appearance order, into
-    buckets of at most bucket_bytes. An item of bucket_bytes or more that is contiguous
-    gets a bucket of its own and is sent in place (direct). Zero-size items are dropped."""
+    buckets of at most bucket_bytes. An item of bucket_bytes or more gets a bucket of its
+    own and the collective runs on the caller's tensor as it is (direct; a strided one is
+    staged by the collective itself). Zero-size items are dropped.
+
+    Only sizes and dtypes decide the plan, never memory layout: the ranks plan alone and
+    must arrive at the same buckets when one holds a tensor strided and another not."""
     open_by_code, out = {}, []
     for view, code, payload in items:
         if view.size == 0:
             continue
-        if direct_ok and view.nbytes >= bucket_bytes and view.flags.c_contiguous:
+        if direct_ok and view.nbytes >= bucket_bytes:
             b = Bucket(code)
             b.add(view)
             b.direct = True

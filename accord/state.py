@@ -18,8 +18,11 @@ How it goes, on every rank of the group:
    number, one stamp). Inside it, tensors under 64 KiB are packed into one
    array; larger ones are sent from and received into the caller's memory
    directly, in pieces of about 4 MiB along a chain of ranks, so a rank forwards piece
-   i while it receives piece i+1. Nothing large is copied outside the
-   transport. At world 2 over shared memory every piece goes through the ring
+   i while it receives piece i+1. Nothing large and contiguous is copied outside the
+   transport; a large strided tensor goes through a contiguous temporary. The
+   layout (which tensors are packed, where the pieces are cut) depends only on
+   paths, shapes and dtypes, so ranks may hold the same tensor with different
+   strides. At world 2 over shared memory every piece goes through the ring
    (shm broadcast_many), so the root copies one piece in while the other rank
    copies the previous one out.
 """
@@ -233,15 +236,22 @@ PIECE_BYTES = 4 << 20      # large tensors move in pieces of about this size (a 
 
 def _broadcast_bucket(g, root, bucket, async_op, timeout):
     """One broadcast collective for a dtype bucket: its small tensors packed into one
-    array, its large contiguous tensors sent and received in place, piece by piece."""
-    small = Bucket(bucket.code)
-    pieces = []
-    for v in bucket.views:
-        if v.nbytes < SMALL_BYTES or not v.flags.c_contiguous:
-            small.add(v)
-        else:
-            pieces.extend(_pieces(v.reshape(-1)))
+    array, its large ones sent and received in place (strided ones through a
+    temporary), piece by piece."""
     is_root = g.rank == root
+    small = Bucket(bucket.code)
+    pieces, staged = [], []
+    for v in bucket.views:
+        # size alone decides packed or in place: another rank may hold this tensor with
+        # other strides, and its pieces must line up with ours
+        if v.nbytes < SMALL_BYTES:
+            small.add(v)
+            continue
+        if not v.flags.c_contiguous:
+            v, dst = _stage(v, is_root)
+            if dst is not None:
+                staged.append((dst, v))
+        pieces.extend(_pieces(v.reshape(-1)))
     if small.views:
         small.allocate()
         if is_root:
@@ -260,8 +270,20 @@ def _broadcast_bucket(g, root, bucket, async_op, timeout):
                 _chain(c, pieces, root)
         if small.views and not is_root:
             small.unpack()
+        for dst, tmp in staged:
+            np.copyto(dst, tmp)
     # stamped as one broadcast of `total` bytes: every rank's layout is the same
     return api._run(g, "broadcast", body, async_op, timeout, (root, bucket.code, 0, total, name))
+
+
+def _stage(view, is_root):
+    """(contiguous stand-in for a strided view, view to copy it back into or None).
+
+    The root sends a C-order copy; a receiver receives into a temporary and copies it
+    back, so the caller's own tensor is the one written."""
+    if is_root:
+        return np.ascontiguousarray(view), None
+    return np.empty(view.shape, view.dtype), view
 
 
 def _pieces(flat):

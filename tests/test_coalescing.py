@@ -129,3 +129,30 @@ def _other_group(rank, world):
 
 def test_only_the_blocks_group_is_queued():
     assert run_ranks(3, _other_group) == [1, 1, 2]
+
+
+def _layouts(rank, world):
+    import accord
+    strided = rank % 2 == 1                       # ranks disagree on every tensor's layout
+
+    def arr(shape, value):
+        a = np.empty(shape[::-1]).T if strided else np.empty(shape)
+        a[...] = value
+        return a
+    big_b = arr((40, 30), rank)                   # 9600 B >= bucket: a bucket of its own
+    big_r = arr((30, 40), rank + 1.0)
+    small = [arr((3, 4), rank * 10 + i) for i in range(4)]
+    with accord.coalescing(bucket_bytes=4096) as c:
+        accord.broadcast(big_b, src=1)
+        for t in small:
+            accord.broadcast(t, src=1)
+        accord.all_reduce(big_r)
+    assert (big_b == 1).all() and all((t == 10 + i).all() for i, t in enumerate(small))
+    assert (big_r == sum(r + 1.0 for r in range(world))).all()
+    return c.collectives
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_contiguous_and_strided_ranks_share_buckets(transport):
+    # big broadcast | small broadcasts | big all_reduce, whatever each rank's layout
+    assert run_ranks(3, _layouts, env={"ACCORD_TRANSPORT": transport}) == [3, 3, 3]

@@ -286,3 +286,149 @@ def _ring_only(rank, world):
         shm.ShmTransport._send = real
     assert type(t).__name__ == "ShmTransport"
     return max(sent, default=0)
+
+
+# -- memory layout: only paths, shapes and dtypes decide the buckets and pieces --
+
+# (name, library, shape, dtype, how the strided variant is made)
+_LAYOUTS = [
+    ("np_t", "numpy", (700, 300), "float32", "t"),            # 820 KiB: moved in place
+    ("np_cols", "numpy", (1100, 1000), "float64", "cols"),    # 8.4 MiB: several pieces
+    ("np_f", "numpy", (64, 48), "int32", "F"),                 # small: packed
+    ("np_rev", "numpy", (90_000,), "float32", "rev"),          # negative stride
+    ("np_step", "numpy", (40,), "int16", "step"),
+    ("t_t", "torch", (1200, 900), "float32", "t"),             # 4.1 MiB
+    ("t_cols", "torch", (300, 200), "float64", "cols"),
+    ("t_empty_t", "torch", (500, 96), "float32", "empty_t"),   # torch.empty(...).t()
+    ("t_bf16", "torch", (256, 160), "bfloat16", "t"),
+    ("t_small", "torch", (3, 5), "int64", "t"),
+]
+
+
+def _make(lib, shape, dtype, how, strided):
+    """An empty tensor of `shape`: C-contiguous, or strided the way `how` says."""
+    if lib == "numpy":
+        dt = np.dtype(dtype)
+        if not strided:
+            return np.empty(shape, dt)
+        if how in ("t", "F"):
+            a = np.empty(shape[::-1], dt).T if how == "t" else np.empty(shape, dt, order="F")
+        elif how == "cols":
+            a = np.empty((shape[0], shape[1] * 2), dt)[:, ::2]
+        elif how == "rev":
+            a = np.empty(shape, dt)[::-1]
+        else:
+            a = np.empty(shape[0] * 3, dt)[::3]
+        assert not a.flags.c_contiguous
+        return a
+    import torch
+    dt = getattr(torch, dtype)
+    if not strided:
+        return torch.empty(shape, dtype=dt)
+    if how in ("t", "empty_t"):
+        t = torch.empty(shape[::-1], dtype=dt).t()
+    else:
+        t = torch.empty((shape[0], shape[1] * 2), dtype=dt)[:, ::2]
+    assert not t.is_contiguous()
+    return t
+
+
+def _bits(x):
+    """x's values as C-order bytes (bfloat16 as its int16 bits)."""
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x).tobytes()
+    import torch
+    if x.dtype == torch.bfloat16:
+        x = x.view(torch.int16)
+    return x.contiguous().numpy().tobytes()
+
+
+def _fill(x, seed):
+    rng = np.random.default_rng(seed)
+    if isinstance(x, np.ndarray):
+        x[...] = (rng.standard_normal(x.shape) * 100).astype(x.dtype)
+    else:
+        import torch
+        vals = torch.from_numpy(rng.standard_normal(tuple(x.shape)) * 100)
+        x.copy_(vals.to(x.dtype))
+
+
+def _layout_state(rank, world, src, strided_on, specs):
+    state = {}
+    for i, (name, lib, shape, dtype, how) in enumerate(specs):
+        x = _make(lib, shape, dtype, how, strided_on(rank, i))
+        _fill(x, (rank * 7919 + i) if rank != src else i)
+        state[name] = x
+    return state
+
+
+def _addr(x):
+    return x.ctypes.data if isinstance(x, np.ndarray) else x.data_ptr()
+
+
+def _layouts(rank, world, src, who, specs, bucket_bytes):
+    import accord
+    strided_on = {
+        "src": lambda r, i: r == src,                 # source strided, receivers contiguous
+        "receivers": lambda r, i: r != src,           # the reverse
+        "mixed": lambda r, i: (r + i) % 2 == 0,       # each tensor differs between ranks
+    }[who]
+    state = _layout_state(rank, world, src, strided_on, specs)
+    want = {k: _bits(v) for k, v in _layout_state(src, world, src, strided_on, specs).items()}
+    where = {k: (_addr(v), tuple(v.strides) if isinstance(v, np.ndarray) else v.stride())
+             for k, v in state.items()}
+    ring = world == 2 and type(accord.api._world.default.transport).__name__ == "ShmTransport"
+    if ring:
+        from accord.transport import shm
+        real, ran = shm._COLLECTIVES["broadcast_many"], []
+        shm._COLLECTIVES["broadcast_many"] = lambda c, b, r: ran.append(real(c, b, r)) or ran[-1]
+    try:
+        accord.broadcast_state(state, src=src, bucket_bytes=bucket_bytes)
+    finally:
+        if ring:
+            shm._COLLECTIVES["broadcast_many"] = real
+    if ring:    # strided tensors do not knock a bucket off the ring
+        assert ran and all(ran), ran
+    for k, v in state.items():
+        assert (_addr(v), tuple(v.strides) if isinstance(v, np.ndarray) else v.stride()) \
+            == where[k], f"{k} was not written in place"
+        assert _bits(v) == want[k], f"{k} differs from src's"
+    # the group still works afterwards
+    t = np.full(3, rank, np.int64)
+    accord.broadcast(t, src=src)
+    assert (t == src).all()
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("who", ["src", "receivers", "mixed"])
+def test_contiguous_and_strided_ranks_agree(transport, world, who):
+    pytest.importorskip("torch")
+    src = world - 1
+    assert run_ranks(world, _layouts, src, who, _LAYOUTS, None, timeout=90,
+                     env={"ACCORD_TRANSPORT": transport}) == [True] * world
+
+
+def _many_layouts():
+    """Many tensors of three dtypes, large and small, across several buckets."""
+    specs = []
+    for i in range(40):
+        big = i % 5 == 0
+        lib = "torch" if i % 2 else "numpy"
+        dtype = ("float32", "float64", "int32")[i % 3]
+        shape = (300 + i, 120) if big else (9 + i % 4, 6 + i % 3)
+        how = ("t", "cols")[i % 2] if lib == "torch" else ("t", "cols", "F")[i % 3]
+        specs.append((f"p{i:02d}", lib, shape, dtype, how))
+    return specs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_strided_tensors_across_many_buckets(transport, world):
+    pytest.importorskip("torch")
+    # 256 KiB buckets: the large tensors fill several buckets of each dtype
+    assert run_ranks(world, _layouts, 0, "mixed", _many_layouts(), 256 << 10, timeout=90,
+                     env={"ACCORD_TRANSPORT": transport}) == [True] * world
