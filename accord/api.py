@@ -5,6 +5,7 @@ turns tensors into `Buf`s, and hands a closure to its group, which runs it in
 issue order. Ranks are global in arguments (src, dst) and group-local inside.
 """
 import atexit
+import sys
 import threading
 
 import numpy as np
@@ -14,6 +15,7 @@ from .algorithms import allgather, rooted, split
 from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
 from .algorithms.table import choose
 from .buffers import as_buf
+from .errors import Desync, GroupClosed
 from .group import ProcessGroup
 from .options import Options, to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
@@ -175,15 +177,29 @@ def destroy_process_group(group=None):
     if w is None:
         return
     if group is not None and group is not w.default:
-        group.destroy()
         if group in w.groups:
             w.groups.remove(group)
+        group.destroy()
         return
+    first = None
+    # after an error, messages left unread elsewhere are its echo, not news
+    failed = [g._closed for g in w.groups
+              if g._closed is not None and not isinstance(g._closed, GroupClosed)]
+    check = not failed
     for g in reversed(w.groups):
-        g.destroy()
+        if failed and g._closed is None and g.transport is not None:
+            # peers still waiting on this rank in another group hear why it leaves,
+            # rather than only that it left
+            g._break(failed[0])
+        try:
+            g.destroy(check)
+        except Desync as e:     # calls nobody matched: still leave every group
+            first = first or e
     _world = None
     if w.owns_store:
         w.raw_store.close()
+    if first is not None:
+        raise first
 
 
 @atexit.register
@@ -191,6 +207,9 @@ def _leave_at_exit():
     # say goodbye on every link, so peers know this exit was not a crash
     try:
         destroy_process_group()
+    except Desync as e:
+        # the program made no call after the mismatch: this is the last chance to say it
+        sys.stderr.write(f"accord: Desync: {e}\n")
     except Exception:
         pass
 

@@ -170,20 +170,33 @@ def position(group):
     if cur is not None:
         pos["entered"] = {"seq": cur[SEQ], "desc": describe_entry(cur),
                           "since": cur[T_START]}
-        t = group.transport
-        active = getattr(t, "active", None)
-        if active:
-            recvs, sends = active
-            peers = sorted({group.ranks[r.peer] for r in recvs if not r.done} |
-                           {group.ranks[s.peer] for s in sends if not s.done})
-            pos["waiting_on"] = peers
+        pos["waiting_on"] = waiting_on(group)
     if done is not None:
         pos["completed"] = {"seq": done[SEQ], "desc": describe_entry(done), "at": done[T_END]}
+    pos["calls"], pos["blocked"] = {}, []
     for other in list(_groups):
-        if other is not group and other.recorder.current is not None:
-            c = other.recorder.current
+        pos["calls"][other.name] = other._seq
+        c = other.recorder.current
+        if c is None:
+            continue
+        if other is not group:
             pos["elsewhere"].append(f"{describe_entry(c)} in group {other.name!r}")
+        if other.waiters > 0 and c[SEQ] is not None:
+            # a thread of this process cannot go on until this call completes
+            pos["blocked"].append({"group": other.name, "ranks": other.ranks, "seq": c[SEQ],
+                                   "desc": describe_entry(c), "since": c[T_START],
+                                   "waiting_on": waiting_on(other)})
     return pos
+
+
+def waiting_on(group):
+    """Global ranks the call running on group waits for (to receive from or send to)."""
+    active = getattr(group.transport, "active", None)
+    if not active or group.recorder.current is None:
+        return []
+    recvs, sends = active
+    return sorted({group.ranks[r.peer] for r in recvs if not r.done} |
+                  {group.ranks[s.peer] for s in sends if not s.done})
 
 
 def publish(group):
@@ -196,14 +209,18 @@ def publish(group):
 
 
 def _publish_loop():
+    from . import deadlock
     seen = {}
     while True:
         time.sleep(PERIOD)
-        for g in list(_groups):
-            if g._closed is not None or getattr(g, "store", None) is None:
-                continue
-            rec = g.recorder
-            mark = (id(rec.current), id(rec.last_done), len(_site_text))
+        groups = [g for g in list(_groups)
+                  if g._closed is None and getattr(g, "store", None) is not None]
+        # a position tells of every group of the process: any change republishes all
+        state = tuple((id(g.recorder.current), g._seq, g.waiters,
+                       tuple(waiting_on(g)) if g.recorder.current is not None else ())
+                      for g in groups)
+        for g in groups:
+            mark = (state, id(g.recorder.last_done), len(_site_text))
             if seen.get(id(g)) == mark:
                 continue
             try:
@@ -211,6 +228,10 @@ def _publish_loop():
                 seen[id(g)] = mark
             except Exception:       # the store went away (shutdown): nothing to tell
                 pass
+        try:
+            deadlock.check(groups)
+        except Exception as e:      # a check that fails must not stop the publisher
+            log.debug("deadlock check failed: %s", e)
 
 
 def _read_positions(group):
@@ -242,10 +263,15 @@ def published_site_text(group, site):
 
 
 def _read_position(group, r):
+    return read_position(group.store, group.name, r)
+
+
+def read_position(store, group_name, r):
+    """Group rank r's published position in group_name, or None."""
     try:
-        key = _key(group, r)
-        if group.store.check([key]):
-            return json.loads(group.store.get(key))
+        key = f"{group_name}/debug/pos/{r}"
+        if store.check([key]):
+            return json.loads(store.get(key))
     except Exception:
         pass
     return None

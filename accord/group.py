@@ -16,9 +16,13 @@ import numpy as np
 
 from . import debug, debug_detail
 from .algorithms import Comm
-from .errors import AccordError, CommTimeout, GroupClosed
+from .errors import AccordError, CommTimeout, Desync, GroupClosed
 from .transport.wire import OP_CODES, Stamp, decode_error, encode_error
 from .work import Work
+
+# at destroy, how long to read peers' last messages before their goodbye: a call in
+# which ranks disagree but each only sends leaves a message nobody read
+GOODBYE_S = 0.5
 
 
 class ProcessGroup:
@@ -41,6 +45,9 @@ class ProcessGroup:
         self._worker = None
         self._closed = None
         self._scratch = None
+        # threads of this process blocked until a call of this group completes: what
+        # debug.py's deadlock check needs to know the rank cannot move on by itself
+        self.waiters = 0
 
     def scratch(self, dtype, numel):
         """A reusable receive buffer for reductions (one call runs at a time per group).
@@ -148,7 +155,11 @@ class ProcessGroup:
             if self.options is not None and self.options.debug == "DETAIL" and stamp:
                 body = debug_detail.wrap(self, opname, stamp, body)
             if not async_op and self._pending == 0:
-                return self._execute(desc, body, stamp, timeout, entry)
+                self.waiters += 1
+                try:
+                    return self._execute(desc, body, stamp, timeout, entry)
+                finally:
+                    self.waiters -= 1
             self._pending += 1
             fut = concurrent.futures.Future()
             if self._worker is None:
@@ -158,8 +169,12 @@ class ProcessGroup:
                 self._worker.start()
             self._queue.put((desc, body, stamp, timeout, fut, entry))
         if async_op:
-            return Work(fut, f"{desc} on group {self.name!r}")
-        return fut.result()
+            return Work(fut, f"{desc} on group {self.name!r}", self)
+        self.waiters += 1
+        try:
+            return fut.result()
+        finally:
+            self.waiters -= 1
 
     def _work(self):
         while True:
@@ -189,6 +204,10 @@ class ProcessGroup:
         try:
             result = body(Comm(t, stamp, deadline) if stamp else deadline)
         except AccordError as e:
+            if getattr(t, "interrupted", None) is not None:
+                # the deadlock named by another thread is the cause; a peer that left
+                # because it heard the same story first is its echo
+                e, t.interrupted = t.interrupted, None
             entry[debug.STATE] = debug.FAILED
             entry[debug.ERROR] = f"{type(e).__name__}: {e}"
             e = self._explain(e, entry)
@@ -231,14 +250,33 @@ class ProcessGroup:
             self.transport.abort(exc)
 
     # -- shutdown ----------------------------------------------------------
-    def destroy(self):
+    def destroy(self, check=True):
+        """Leave the group; check: name collective messages no call read (a Desync)."""
         debug.unregister(self)
         if self._worker is not None:
             self._queue.put(None)
             if self._worker is not threading.current_thread():
                 self._worker.join(timeout=self.timeout)
             self._worker = None
+        left = []
         if self.transport is not None:
-            self.transport.close()
+            left = self.transport.close(GOODBYE_S if check and self._closed is None else 0.0) or []
         if self._closed is None:
             self._closed = GroupClosed("destroyed")
+        if left:
+            raise self._unread(left)
+
+    def _unread(self, left):
+        """The Desync for collective messages peers sent that no call of this rank read."""
+        from .transport.wire import describe_header, header_seq
+        lines = []
+        for peer, h in left:
+            seq = header_seq(h)
+            past = self._history(seq)
+            mine = (f"this rank called {past}" if past else
+                    f"this rank made {self._seq} call{'s' if self._seq != 1 else ''} on it")
+            lines.append(f"{self.describe_rank(peer)} sent {describe_header(h, self._site_text)}"
+                         f", which no call of this rank read ({mine})")
+        return Desync(f"rank {self.global_rank}: destroying group {self.name!r}: ranks disagree: "
+                      + "; ".join(lines) + ". Every rank must make the same collective calls in "
+                      "the same order (did two ranks each think they were the root?)")

@@ -6,15 +6,23 @@ from .options import to_seconds
 
 
 class Work:
-    __slots__ = ("_future", "_desc")
+    __slots__ = ("_future", "_desc", "_group")
 
-    def __init__(self, future, desc=""):
-        self._future, self._desc = future, desc
+    def __init__(self, future, desc="", group=None):
+        self._future, self._desc, self._group = future, desc, group
 
     def wait(self, timeout=None):
         """Block until done; re-raise the operation's error. Returns True."""
         seconds = to_seconds(timeout, "timeout")
-        concurrent.futures.wait([self._future], seconds)
+        g = self._group
+        if g is not None and not self._future.done():
+            g.waiters += 1          # this thread now waits on the group (debug.py)
+            try:
+                concurrent.futures.wait([self._future], seconds)
+            finally:
+                g.waiters -= 1
+        else:
+            concurrent.futures.wait([self._future], seconds)
         if not self._future.done():
             raise CommTimeout(f"Work.wait: {self._desc} did not complete within {seconds} s "
                               f"(it keeps running; wait again or let the group's timeout end it)")

@@ -154,15 +154,121 @@ def _cross_groups(rank, world):
     g = dist.new_group([0, 1])
     x = np.ones(4, np.float32)
     if rank == 0:
-        out = _timed(lambda: (dist.all_reduce(x, group=g, timeout=1.5), dist.all_reduce(x)))
+        out = _timed(lambda: (dist.all_reduce(x, group=g), dist.all_reduce(x)))
     else:
-        out = _timed(lambda: (dist.all_reduce(x, timeout=1.5), dist.all_reduce(x, group=g)))
-    time.sleep(1.0)     # leave no earlier than the other rank's timeout
+        out = _timed(lambda: (dist.all_reduce(x), dist.all_reduce(x, group=g)))
     return out
 
 
-def test_collectives_in_different_group_orders_are_explained(env):
-    for name, msg, took in _errors(run_ranks(2, _cross_groups, timeout=30, env=env,
+def test_collectives_in_different_group_orders_are_a_desync_on_both_ranks(env):
+    # ACCORD_TIMEOUT is 30 s here: the deadlock is named long before it
+    for rank, (name, msg, took) in enumerate(_errors(run_ranks(2, _cross_groups, timeout=30,
+                                                               env=env, expect_fail=True))):
+        assert name == "Desync", msg
+        assert "deadlock" in msg and "different groups" in msg, msg
+        assert "rank 0 waits in all_reduce #0" in msg and "group 'group1'" in msg, msg
+        assert "rank 1 waits in all_reduce #0" in msg and "group 'default'" in msg, msg
+        assert msg.count(HERE) == 2, msg
+        assert took < 8, took
+
+
+def _three_way(rank, world):
+    groups = {frozenset(p): dist.new_group(list(p)) for p in ((0, 1), (1, 2), (0, 2))}
+    mine = {0: (0, 1), 1: (1, 2), 2: (0, 2)}[rank]
+    x = np.ones(4, np.float32)
+    return _timed(lambda: dist.all_reduce(x, group=groups[frozenset(mine)]))
+
+
+def test_three_ranks_each_on_another_pair_group_is_a_desync(env):
+    for name, msg, took in _errors(run_ranks(3, _three_way, timeout=30, env=env,
                                              expect_fail=True)):
-        assert name == "CommTimeout", msg
-        assert "busy in all_reduce #0" in msg and "in group" in msg, msg
+        assert name == "Desync", msg
+        assert "deadlock" in msg, msg
+        for r in range(3):
+            assert f"rank {r} waits in all_reduce #0" in msg, msg
+        assert took < 8, took
+
+
+def _waited_work_in_other_order(rank, world):
+    g = dist.new_group([0, 1])
+    x = np.ones(4, np.float32)
+    if rank == 0:
+        return _timed(lambda: dist.all_reduce(x, group=g, async_op=True).wait())
+    return _timed(lambda: (dist.all_reduce(x), dist.all_reduce(x, group=g)))
+
+
+def test_waiting_on_async_work_counts_as_blocked(env):
+    for name, msg, took in _errors(run_ranks(2, _waited_work_in_other_order, timeout=30,
+                                             env=env, expect_fail=True)):
+        assert name == "Desync" and "deadlock" in msg, msg
+
+
+def _async_then_compute(rank, world):
+    g = dist.new_group([0, 1])
+    x, y = np.full(4, rank + 1.0), np.full(4, rank + 1.0)
+    if rank == 0:
+        # not a deadlock: the async call waits for rank 1 while this thread computes,
+        # then makes the call rank 1 is blocked in
+        w = dist.all_reduce(x, group=g, async_op=True)
+        time.sleep(2.5)
+        dist.all_reduce(y)
+        w.wait()
+    else:
+        dist.all_reduce(y)
+        dist.all_reduce(x, group=g)
+    return x.tolist(), y.tolist()
+
+
+def test_async_call_waiting_while_its_rank_computes_is_no_false_alarm(env):
+    for x, y in run_ranks(2, _async_then_compute, timeout=30, env=env):
+        assert x == [3.0] * 4 and y == [3.0] * 4
+
+
+def _roots_then_leave(rank, world):
+    x = np.full(4, rank, np.float32)
+    dist.broadcast(x, src=rank)     # each only sends: the call itself cannot tell
+    return _timed(dist.destroy_process_group)
+
+
+def test_send_only_mismatch_with_no_later_call_is_named_at_destroy(env):
+    res = _errors(run_ranks(2, _roots_then_leave, timeout=30, env=env, expect_fail=True))
+    for rank, (name, msg, took) in enumerate(res):
+        other = 1 - rank
+        assert name == "Desync", msg
+        assert f"rank {other} sent broadcast #0, root {other}" in msg, msg
+        assert f"this rank called broadcast #0, root rank {rank}" in msg, msg
+        assert msg.count(HERE) == 2, msg
+        assert took < 2
+
+
+def test_send_only_mismatch_is_printed_when_the_script_just_exits(env, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    path = tmp_path / "roots.py"
+    path.write_text("import numpy as np, accord as dist\n"
+                    "dist.init_process_group()\n"
+                    "x = np.zeros(4, np.float32)\n"
+                    "dist.broadcast(x, src=dist.get_rank())\n")
+    run_env = dict(__import__("os").environ, PYTHONPATH=str(root), **env)
+    run_env.pop("ACCORD_LAUNCHER_STORE", None)
+    proc = subprocess.run([sys.executable, "-m", "accord", "run", "-n", "2", str(path)],
+                          env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=60)
+    for rank in (0, 1):
+        assert f"Desync: rank {rank}: destroying group 'default'" in proc.stdout, proc.stdout
+        assert f"sent broadcast #0, root {1 - rank}" in proc.stdout, proc.stdout
+        assert "roots.py:4" in proc.stdout, proc.stdout
+
+
+def _agreeing_calls_then_leave(rank, world):
+    x = np.full(4, rank, np.float32)
+    dist.broadcast(x, src=0)
+    dist.all_reduce(x)
+    return _timed(dist.destroy_process_group)
+
+
+def test_matching_calls_leave_cleanly(env):
+    for name, msg, took in run_ranks(3, _agreeing_calls_then_leave, timeout=30, env=env):
+        assert name == "ok", msg

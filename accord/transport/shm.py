@@ -454,6 +454,7 @@ class ShmTransport(Reports):
         self.history = None                      # seq -> this rank's call then (set by the group)
         self.site_text = None                    # site id -> "file:line" (set by the group)
         self.active = None                       # (recvs, sends) being progressed, for reports
+        self.interrupted = None                  # an error another thread found (interrupt)
         self._arena = arena
         self.mem, self.q, self.i32, self.base = arena.mem, arena.q, arena.i32, arena.base
         self.cap = arena.cap
@@ -679,6 +680,9 @@ class ShmTransport(Reports):
                     q[i] = 0
                 flags = None
                 spins = 0
+                if self.interrupted is not None:
+                    exc, self.interrupted = self.interrupted, None
+                    raise exc
                 if time.monotonic() - self._last_check >= _LIVENESS_S:
                     self._check_peers(recvs, sends, drain)
         except BaseException:
@@ -772,6 +776,11 @@ class ShmTransport(Reports):
             if not departed:
                 raise self.peer_lost(peer, "died (its process is gone)")
 
+    def interrupt(self, exc):
+        """End the call sleeping here with exc: another thread proved it can never
+        complete. The sleeper wakes within a futex slice and raises it."""
+        self.interrupted = exc
+
     # -- shutdown ----------------------------------------------------------------------
     def abort(self, exc):
         """Tell every peer why this group is broken."""
@@ -790,19 +799,20 @@ class ShmTransport(Reports):
         for link in self.links.values():
             futex.add_and_wake(link.peer_doorbell)
 
-    def close(self):
+    def close(self, grace=0.0):
         if self._arena is None:
-            return
+            return []
         if os.getpid() != self._pid:
             # a forked child leaving (its atexit hooks run close): the arena and the
             # "departed" flag belong to the parent, which is still a member
             self._arena = None
             self.links = {}
-            return
+            return []
         me = self.rank_offset(self.rank)
         self.q[(me + _R_DEPARTED) // 8] = 1
         for link in self.links.values():
             futex.add_and_wake(link.peer_doorbell)
+        left = self._leftovers(grace) if self.broken is None and grace > 0 else []
         for fd in self._pidfds.values():
             try:
                 os.close(fd)
@@ -815,6 +825,29 @@ class ShmTransport(Reports):
         arena.close()
         if self.broken is None:
             self.broken = GroupClosed("the group was destroyed")
+        return left
+
+    def _leftovers(self, grace):
+        """Collective messages no call of this rank read, seen by reading each peer's
+        ring until it departs (for at most `grace` seconds); see TcpTransport."""
+        end = time.monotonic() + grace
+        pending = dict(self.links)
+        while pending:
+            for peer, link in list(pending.items()):
+                gone = self.q[link.peer_departed_i] == 1
+                try:
+                    link.advance(drain=True)
+                except Exception:       # its abort: nothing more worth reading
+                    gone = True
+                if gone and not link.has_input():
+                    del pending[peer]
+            if not pending or time.monotonic() >= end:
+                break
+            time.sleep(0.002)
+        if self.q[_H_ABORT // 8]:
+            return []           # a rank aborted: it reported the story already
+        return [(peer, h) for peer, link in self.links.items()
+                for h, _ in link.stash if h[0] == COLL]
 
 
 COOP_MIN = 4 << 20          # a two-rank broadcast this large splits its copy between both

@@ -314,6 +314,7 @@ class TcpTransport(Reports):
         self.history = None                      # seq -> this rank's call then (set by the group)
         self.site_text = None                    # site id -> "file:line" (set by the group)
         self.active = None                       # (recvs, sends) being progressed, for reports
+        self.interrupted = None                  # an error another thread found (interrupt)
 
     # -- errors ------------------------------------------------------------
     def first_cause(self, hung_up):
@@ -444,7 +445,15 @@ class TcpTransport(Reports):
                         pass
             raise
 
+    def interrupt(self, exc):
+        """End the call waiting here with exc (raised by the waiting thread within a
+        poll slice): another thread proved it can never complete."""
+        self.interrupted = exc
+
     def _wait(self, recvs, sends, deadline, drain_while_sending=False):
+        if self.interrupted is not None:
+            exc, self.interrupted = self.interrupted, None
+            raise exc
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise self._timeout(recvs, sends)
@@ -540,7 +549,7 @@ class TcpTransport(Reports):
         except OSError:
             pass
 
-    def close(self):
+    def close(self, grace=0.0):
         if os.getpid() != self.pid:
             # a forked child shares these sockets with its parent: a goodbye or a
             # shutdown here would end the parent's links; just drop our descriptors
@@ -555,8 +564,41 @@ class TcpTransport(Reports):
                     link.sock.send(bye)
                 except OSError:
                     pass
+        left = self._leftovers(grace) if self.broken is None and grace > 0 else []
+        for link in self.links.values():
             self._hang_up(link)
             link.sock.close()
         self.links = {}
         if self.broken is None:
             self.broken = GroupClosed("the group was destroyed")
+        return left
+
+    def _leftovers(self, grace):
+        """Collective messages no call of this rank read, seen by reading up to each
+        peer's goodbye (for at most `grace` seconds).
+
+        Ranks that disagree in a call where each only sends (both think they are
+        the root) find out at their next call; if there is none, only here."""
+        end = time.monotonic() + grace
+        pending = {p: link for p, link in self.links.items() if not link.eof}
+        while pending:
+            for peer, link in list(pending.items()):
+                try:
+                    link.advance(drain=True)
+                except Exception:
+                    link.eof = True
+                    if not link.departed:
+                        # a peer that aborted or crashed reported the story already;
+                        # what it left unread here is an echo of that
+                        return []
+                if link.departed or link.eof:
+                    del pending[peer]
+            remaining = end - time.monotonic()
+            if not pending or remaining <= 0:
+                break
+            p = select.poll()
+            for link in pending.values():
+                p.register(link.fd, select.POLLIN | _IDLE_MASK)
+            p.poll(remaining * 1000.0)
+        return [(peer, h) for peer, link in self.links.items()
+                for h, _ in link.stash if h[0] == COLL]
