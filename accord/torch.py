@@ -15,7 +15,10 @@ tensors to accord's collectives on a private accord group.
 Ranks and roots arrive group-local (torch translates global ones first).
 Synchronous calls (opts.asyncOp false) run on the caller's thread, as a
 direct accord call does; asynchronous ones, and every C++ caller (DDP), go
-through the group's worker thread and return an `AccordWork`.
+through the group's worker thread and return an `AccordWork`. A synchronous
+call that comes from torch's own functions (dist.all_reduce, ...) returns
+None, which torch takes as "already complete" (it would only wait() on a
+Work and drop it); any other caller still gets a completed `AccordWork`.
 
 Errors: accord's own types (CommTimeout, PeerLost, Desync, GroupClosed) reach
 the caller unchanged, from the call itself (synchronous) or from
@@ -30,6 +33,7 @@ This is the only accord module that imports torch.
 import atexit
 import datetime
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -50,14 +54,25 @@ BACKEND_NAME = "accord"
 _live_groups = weakref.WeakSet()
 _staging_warned = False
 
+_C = torch._C._distributed_c10d          # the option classes (AllgatherOptions is only here)
+_getframe = sys._getframe
+# torch's own Python functions (dist.broadcast, ...): for a synchronous call they only
+# wait() on the Work a backend returns, and accept None instead ("the backend has
+# sync'ed"); they get None, which spares a pybind-built Work per call
+_C10D = dist.distributed_c10d.__dict__
+
 
 # -- work ----------------------------------------------------------------------
 
 class AccordWork(dist.Work):
     """torch's Work over one or more accord operations of one torch call.
 
+    parts: the accord Works of the call's operations (None for one that ran
+    synchronously), or None for a call that is already complete.
     `after` runs once every part is done (copies back staged or coalesced
     tensors) before anyone waiting on this Work sees it complete.
+    outputs: the future's value, or a function that makes it (called at most once,
+    when someone asks).
     """
 
     __slots__ = ("_outputs", "_desc", "_after", "_source", "_tfut", "_lock", "_done", "_exc",
@@ -71,7 +86,7 @@ class AccordWork(dist.Work):
         self._tfut = None
         self._done = None           # concurrent.futures.Future, None once completed inline
         self._exc = None
-        if len(parts) == 1 and parts[0] is None:
+        if parts is None or (len(parts) == 1 and parts[0] is None):
             # synchronous: already done on the caller's thread (the fast path)
             self._finished = True
             self._lock = None
@@ -109,17 +124,23 @@ class AccordWork(dist.Work):
             self._finished = True
             tfut = self._tfut
         if self._exc is None:
-            self._done.set_result(self._outputs)
+            self._done.set_result(self._value())
         else:
             self._done.set_exception(self._exc)
         if tfut is not None:
             self._settle(tfut)
 
+    def _value(self):
+        out = self._outputs
+        if callable(out):
+            out = self._outputs = out()
+        return out
+
     def _settle(self, tfut):
         if self._exc is not None:
             tfut.set_exception(self._exc)
         else:
-            tfut.set_result(self._outputs)
+            tfut.set_result(self._value())
 
     # -- what torch and users call -----------------------------------------
     def wait(self, timeout=None):
@@ -167,7 +188,7 @@ class AccordWork(dist.Work):
 
     def result(self):
         self.wait()
-        return self._outputs
+        return self._value()
 
     def _source_rank(self):
         self.wait()
@@ -230,6 +251,31 @@ class _Stage:
         return run
 
 
+def _all_cpu(tensors):
+    for t in tensors:
+        if not t.is_cpu:
+            return False
+    return True
+
+
+def _finish(w, outputs, desc, st=None, then=None, source=-1):
+    """The Work of a torch call that ran one accord operation (w: its Work, or None
+    when it ran synchronously); st: its _Stage, or None when every tensor is on
+    the CPU. None for torch's own Python functions once the call is complete."""
+    after = then if st is None else st.after(then)
+    if w is None:
+        if after is not None:
+            after()
+        # the caller's caller: dist.broadcast etc. discard (wait on) a synchronous Work
+        try:
+            if _getframe(2).f_globals is _C10D:
+                return None
+        except ValueError:          # called from C++ on a thread without Python frames
+            pass
+        return AccordWork(None, outputs, desc, None, source)
+    return AccordWork([w], outputs, desc, after, source)
+
+
 def _one(tensors, what):
     if len(tensors) != 1:
         raise ValueError(f"{what}: accord takes exactly one tensor per call, got "
@@ -238,6 +284,7 @@ def _one(tensors, what):
 
 
 _OPS = {}
+_AllreduceOptions = _C.AllreduceOptions
 _PREMUL_SUM = int(dist.ReduceOp.RedOpType.PREMUL_SUM.value)
 
 
@@ -245,8 +292,9 @@ def _reduce_op(rop):
     """torch ReduceOp -> (accord ReduceOp, premul factor or None)."""
     # torch's ReduceOp and RedOpType hash to the op's number: a cheap key for the
     # common ops (reading .op.value through pybind costs more than the rest of the call)
-    op = _OPS.get(hash(rop))
-    if op is not None and hash(rop) != _PREMUL_SUM:
+    h = hash(rop)
+    op = _OPS.get(h)
+    if op is not None and h != _PREMUL_SUM:
         return op, None
     kind = getattr(rop, "op", rop)
     value = kind.value
@@ -281,6 +329,8 @@ class AccordProcessGroup(dist.ProcessGroup):
     def __init__(self, group, rank, size):
         super().__init__(rank, size)
         self._g = group
+        self._rank = rank
+        self._size = size
         self._group_name = ""
         self._group_desc = ""
         _live_groups.add(self)
@@ -290,7 +340,14 @@ class AccordProcessGroup(dist.ProcessGroup):
         """The accord ProcessGroup underneath (accord's functions accept it)."""
         return self._g
 
-    # identity
+    # identity: torch's Python functions ask group.rank() (scatter, gather, ...); the
+    # inherited methods answer the same through pybind in ~1 us, these in ~0.05 us
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
     def getBackendName(self):
         return BACKEND_NAME
 
@@ -312,36 +369,56 @@ class AccordProcessGroup(dist.ProcessGroup):
 
     # helpers
     def _work(self, parts, outputs, desc, stage=None, then=None, source=-1):
-        return AccordWork(parts, outputs, desc,
-                          stage.after(then) if stage is not None else then, source)
+        after = stage.after(then) if stage is not None else then
+        for p in parts:
+            if p is not None:
+                return AccordWork(parts, outputs, desc, after, source)
+        try:
+            torch_caller = _getframe(2).f_globals is _C10D
+        except ValueError:          # called from C++ on a thread without Python frames
+            torch_caller = False
+        if not torch_caller:
+            return AccordWork(parts, outputs, desc, after, source)
+        # all synchronous and done: torch's own functions need no Work (see _finish)
+        if after is not None:
+            after()
+        return None
 
     # -- collectives -----------------------------------------------------------
+    # The common case (CPU tensors) takes no _Stage; a synchronous call issued by
+    # torch's own functions returns no Work (_finish).
+
     def broadcast(self, tensors, opts=None):
-        opts = opts or dist.BroadcastOptions()
-        st = _Stage()
-        t = st.out(_one(tensors, "broadcast"))
-        w = api.broadcast(t, group=self._g, group_src=opts.rootRank, async_op=opts.asyncOp,
-                          timeout=_timeout(opts))
-        return self._work([w], tensors, "broadcast", st)
+        if opts is None:
+            opts = _C.BroadcastOptions()
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "broadcast")
+        st = None if t.is_cpu else _Stage()
+        w = api.broadcast(t if st is None else st.out(t), group=self._g,
+                          group_src=opts.rootRank, async_op=opts.asyncOp, timeout=_timeout(opts))
+        return _finish(w, tensors, "broadcast", st)
 
     def allreduce(self, tensors, opts=None):
         if opts is None:
-            opts = dist.AllreduceOptions()
-        elif not hasattr(opts, "reduceOp"):      # allreduce(tensors, op) overload
-            o = dist.AllreduceOptions()
+            opts = _C.AllreduceOptions()
+        elif type(opts) is not _AllreduceOptions and not hasattr(opts, "reduceOp"):
+            o = _C.AllreduceOptions()            # allreduce(tensors, op) overload
             o.reduceOp = opts
             opts = o
         op, factor = _reduce_op(opts.reduceOp)
-        st = _Stage()
-        t = st.out(_one(tensors, "allreduce"))
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "allreduce")
+        st = None
+        if not t.is_cpu:
+            st = _Stage()
+            t = st.out(t)
         if factor is not None:
             _premul(t, factor)
         w = api.all_reduce(t, op=op, group=self._g, async_op=opts.asyncOp,
                            timeout=_timeout(opts))
-        return self._work([w], tensors, "allreduce", st)
+        return _finish(w, tensors, "allreduce", st)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts or dist.AllreduceCoalescedOptions()
+        if opts is None:
+            opts = _C.AllreduceCoalescedOptions()
         op, factor = _reduce_op(opts.reduceOp)
         st = _Stage()
         host = [st.out(t) for t in tensors]
@@ -368,36 +445,53 @@ class AccordProcessGroup(dist.ProcessGroup):
         return self._work(parts, tensors, "allreduce_coalesced", st, unflatten)
 
     def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
+        if opts is None:
+            opts = _C.ReduceOptions()
         op, factor = _reduce_op(opts.reduceOp)
-        st = _Stage()
-        t = st.out(_one(tensors, "reduce"))
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "reduce")
+        st = None
+        if not t.is_cpu:
+            st = _Stage()
+            t = st.out(t)
         if factor is not None:
             _premul(t, factor)
         w = api.reduce(t, op=op, group=self._g, group_dst=opts.rootRank, async_op=opts.asyncOp,
                        timeout=_timeout(opts))
-        return self._work([w], tensors, "reduce", st)
+        return _finish(w, tensors, "reduce", st)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
-        st = _Stage()
-        outs = [st.out(t) for t in _one(output_tensors, "allgather")]
-        w = api.all_gather(outs, st.inp(_one(input_tensors, "allgather")), group=self._g,
-                           async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], output_tensors, "allgather", st)
+        if opts is None:
+            opts = _C.AllgatherOptions()
+        outs = _one(output_tensors, "allgather")
+        inp = input_tensors[0] if len(input_tensors) == 1 else _one(input_tensors, "allgather")
+        st = None
+        if not (inp.is_cpu and _all_cpu(outs)):
+            st = _Stage()
+            outs = [st.out(t) for t in outs]
+            inp = st.inp(inp)
+        w = api.all_gather(outs, inp, group=self._g, async_op=opts.asyncOp,
+                           timeout=_timeout(opts))
+        return _finish(w, output_tensors, "allgather", st)
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
-        st = _Stage()
-        w = api.all_gather_into_tensor(st.out(output), st.inp(input), group=self._g,
+        if opts is None:
+            opts = _C.AllgatherOptions()
+        st = None
+        if not (output.is_cpu and input.is_cpu):
+            st = _Stage()
+        w = api.all_gather_into_tensor(output if st is None else st.out(output),
+                                       input if st is None else st.inp(input), group=self._g,
                                        async_op=opts.asyncOp, timeout=_timeout(opts))
-        # gloo's future holds the output cut in per-rank blocks; so does ours
-        return self._work([w], list(output.chunk(self.size())), "all_gather_into_tensor", st)
+        # gloo's future holds the output cut in per-rank blocks; so does ours (cut only
+        # when someone asks for it)
+        n = self._size
+        return _finish(w, lambda: list(output.chunk(n)), "all_gather_into_tensor", st)
 
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        if opts is None:
+            opts = _C.AllgatherOptions()
         st = _Stage()
         parts = []
         for j, inp in enumerate(input_list):
@@ -407,7 +501,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return self._work(parts, output_lists, "allgather_coalesced", st)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        if opts is None:
+            opts = _C.AllgatherOptions()
         st = _Stage()
         parts = [api.all_gather_into_tensor(st.out(o), st.inp(i), group=self._g,
                                             async_op=opts.asyncOp, timeout=_timeout(opts))
@@ -417,33 +512,48 @@ class AccordProcessGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(self, output_lists, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
-        st = _Stage()
+        if opts is None:
+            opts = _C.GatherOptions()
         root = opts.rootRank
+        inp = input_tensors[0] if len(input_tensors) == 1 else _one(input_tensors, "gather")
         outs = None
         if self._g.rank == root:
-            outs = [st.out(t) for t in _one(output_lists, "gather")]
+            outs = _one(output_lists, "gather")
         elif output_lists and any(len(x) for x in output_lists):
             raise ValueError("gather: output tensors are only given on the root rank")
-        w = api.gather(st.inp(_one(input_tensors, "gather")), outs, group=self._g,
-                       group_dst=root, async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], output_lists, "gather", st)
+        st = None
+        if not (inp.is_cpu and (outs is None or _all_cpu(outs))):
+            st = _Stage()
+            inp = st.inp(inp)
+            if outs is not None:
+                outs = [st.out(t) for t in outs]
+        w = api.gather(inp, outs, group=self._g, group_dst=root, async_op=opts.asyncOp,
+                       timeout=_timeout(opts))
+        return _finish(w, output_lists, "gather", st)
 
     def scatter(self, output_tensors, input_lists, opts=None):
-        opts = opts or dist.ScatterOptions()
-        st = _Stage()
+        if opts is None:
+            opts = _C.ScatterOptions()
         root = opts.rootRank
+        out = output_tensors[0] if len(output_tensors) == 1 else _one(output_tensors, "scatter")
         ins = None
         if self._g.rank == root:
-            ins = [st.inp(t) for t in _one(input_lists, "scatter")]
+            ins = _one(input_lists, "scatter")
         elif input_lists and any(len(x) for x in input_lists):
             raise ValueError("scatter: input tensors are only given on the root rank")
-        w = api.scatter(st.out(_one(output_tensors, "scatter")), ins, group=self._g,
-                        group_src=root, async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], output_tensors, "scatter", st)
+        st = None
+        if not (out.is_cpu and (ins is None or _all_cpu(ins))):
+            st = _Stage()
+            out = st.out(out)
+            if ins is not None:
+                ins = [st.inp(t) for t in ins]
+        w = api.scatter(out, ins, group=self._g, group_src=root, async_op=opts.asyncOp,
+                        timeout=_timeout(opts))
+        return _finish(w, output_tensors, "scatter", st)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        if opts is None:
+            opts = _C.ReduceScatterOptions()
         op, factor = _reduce_op(opts.reduceOp)
         st = _Stage()
         ins = [st.inp(t) for t in _one(input_lists, "reduce_scatter")]
@@ -451,10 +561,11 @@ class AccordProcessGroup(dist.ProcessGroup):
             ins = [t.detach() * factor for t in ins]
         w = api.reduce_scatter(st.out(_one(output_tensors, "reduce_scatter")), ins, op=op,
                                group=self._g, async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], output_tensors, "reduce_scatter", st)
+        return _finish(w, output_tensors, "reduce_scatter", st)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        if opts is None:
+            opts = _C.ReduceScatterOptions()
         op, factor = _reduce_op(opts.reduceOp)
         st = _Stage()
         inp = st.inp(input)
@@ -462,12 +573,13 @@ class AccordProcessGroup(dist.ProcessGroup):
             inp = inp.detach() * factor
         w = api.reduce_scatter_tensor(st.out(output), inp, op=op, group=self._g,
                                       async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], [output], "reduce_scatter_tensor", st)
+        return _finish(w, [output], "reduce_scatter_tensor", st)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        if opts is None:
+            opts = _C.ReduceScatterOptions()
         op, factor = _reduce_op(opts.reduceOp)
         st = _Stage()
         parts = []
@@ -483,40 +595,44 @@ class AccordProcessGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllToAllOptions()
+        if opts is None:
+            opts = _C.AllToAllOptions()
         st = _Stage()
         w = api.all_to_all([st.out(t) for t in output_tensors],
                            [st.inp(t) for t in input_tensors], group=self._g,
                            async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], output_tensors, "all_to_all", st)
+        return _finish(w, output_tensors, "all_to_all", st)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
-        opts = opts or dist.AllToAllOptions()
+        if opts is None:
+            opts = _C.AllToAllOptions()
         st = _Stage()
         w = api.all_to_all_single(st.out(output), st.inp(input),
                                   list(output_split_sizes) or None,
                                   list(input_split_sizes) or None, group=self._g,
                                   async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], [output], "all_to_all_single", st)
+        return _finish(w, [output], "all_to_all_single", st)
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        opts = opts or dist.BarrierOptions()
+        if opts is None:
+            opts = _C.BarrierOptions()
         w = api.barrier(group=self._g, async_op=opts.asyncOp, timeout=_timeout(opts))
-        return self._work([w], [], "barrier")
+        return _finish(w, [], "barrier")
 
     # -- point to point ----------------------------------------------------------
+    # always a Work (torch's send/recv wait on it): isend/irecv run on the worker thread
     def send(self, tensors, dst, tag=0):
         st = _Stage()
         w = api.isend(st.inp(_one(tensors, "send")), group=self._g, group_dst=dst, tag=tag)
-        return self._work([w], tensors, "send")
+        return AccordWork([w], tensors, "send")
 
     def recv(self, tensors, src, tag=0):
         st = _Stage()
         w = api.irecv(st.out(_one(tensors, "recv")), group=self._g, group_src=src, tag=tag)
-        return self._work([w], tensors, "recv", st, source=src)
+        return AccordWork([w], tensors, "recv", st.after(), src)
 
     def recv_anysource(self, tensors, tag=0):
         st = _Stage()
@@ -524,7 +640,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         g = self._g
         # known once the message is in: the api's Work yields the sender's rank in g's
         # numbering of the world; torch wants it within the group
-        return self._work([w], tensors, "recv", st, source=lambda: g.ranks.index(w.result()))
+        return AccordWork([w], tensors, "recv", st.after(),
+                          lambda: g.ranks.index(w.result()))
 
     # -- lifetime ------------------------------------------------------------------
     def shutdown(self):

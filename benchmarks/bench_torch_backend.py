@@ -19,6 +19,15 @@ repeats, so a burst of outside load does not land on one library only):
 
 The last table compares torch-accord with accord at 8 bytes: the cost of
 going through torch's Python layer and the backend adapter.
+
+--paired (the way to measure that cost on a shared, noisy machine) runs
+torch-accord and accord side by side instead of one after the other: both
+are initialized together in the same rank processes (two accord groups over
+two stores), and their timed blocks alternate (A B, then B A, ...), so a
+burst of outside load lands on both. Each block pair gives a ratio
+torch-accord/accord; the overhead table then shows the median of those
+ratios over every block of every repeat, and the lowest and highest
+per-repeat medians. torch-gloo, if asked for, still runs on its own.
 """
 import argparse
 import os
@@ -74,9 +83,23 @@ def _init(lib, rank, world, path):
     return dist
 
 
-def _bench_lib(D, lib, rank, world, sizes, ops):
+def _fns(D, x, gl, sc, y, z):
+    return {
+        "broadcast": lambda: D.broadcast(x, src=0),
+        "all_gather": lambda: D.all_gather(gl, x),
+        "scatter": lambda: D.scatter(y, sc, src=0),
+        "all_reduce": lambda: D.all_reduce(z, op=D.ReduceOp.SUM),
+    }
+
+
+def _bench_libs(libs, rank, world, sizes, ops):
+    """libs: [(name, D)], one library or two side by side (their blocks alternate).
+
+    Returns (rows, ratios): ratios[(op, size)] are the per-block-pair ratios
+    first/second (max over ranks of each block), when two libraries run."""
     import torch
-    rows = []
+    rows, ratios = [], {}
+    D0 = libs[0][1]
     for size in sizes:
         numel = size // 4
         x = torch.full((numel,), float(rank + 1))
@@ -84,52 +107,74 @@ def _bench_lib(D, lib, rank, world, sizes, ops):
         sc = [torch.full((numel,), float(i)) for i in range(world)] if rank == 0 else None
         y = torch.empty(numel)
         z = torch.zeros(numel)
-        fns = {
-            "broadcast": lambda: D.broadcast(x, src=0),
-            "all_gather": lambda: D.all_gather(gl, x),
-            "scatter": lambda: D.scatter(y, sc, src=0),
-            "all_reduce": lambda: D.all_reduce(z, op=D.ReduceOp.SUM),
-        }
+        fns = [(lib, D, _fns(D, x, gl, sc, y, z)) for lib, D in libs]
         warm, iters, blocks = plan(size)
         for op in ops:
-            fn = fns[op]
-            for _ in range(warm):
-                fn()
-            times, per_op = [], []
-            for _ in range(blocks):
-                D.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    t1 = time.perf_counter()
-                    fn()
-                    per_op.append(time.perf_counter() - t1)
-                times.append((time.perf_counter() - t0) / iters)
-            t = torch.tensor(times + [statistics.median(per_op)], dtype=torch.float64)
-            D.all_reduce(t, op=D.ReduceOp.MAX)
+            for _, _, f in fns:
+                for _ in range(warm):
+                    f[op]()
+            times = [[] for _ in fns]
+            per_op = [[] for _ in fns]
+            for b in range(blocks):
+                order = list(enumerate(fns))
+                if b % 2:
+                    order.reverse()       # A B, B A, ...: drift within a pair cancels
+                for i, (_, D, f) in order:
+                    fn = f[op]
+                    D.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        t1 = time.perf_counter()
+                        fn()
+                        per_op[i].append(time.perf_counter() - t1)
+                    times[i].append((time.perf_counter() - t0) / iters)
+            flat = []
+            for i in range(len(fns)):
+                flat += times[i] + [statistics.median(per_op[i])]
+            t = torch.tensor(flat, dtype=torch.float64)
+            D0.all_reduce(t, op=D0.ReduceOp.MAX)
             t = t.tolist()
-            blk, p50 = t[:-1], t[-1]
-            rows.append((lib, world, op, size, statistics.median(blk), p50, min(blk), iters,
-                         blocks))
-    return rows
+            blks = []
+            for i, (lib, _, _) in enumerate(fns):
+                part = t[i * (blocks + 1):(i + 1) * (blocks + 1)]
+                blk, p50 = part[:-1], part[-1]
+                blks.append(blk)
+                rows.append((lib, world, op, size, statistics.median(blk), p50, min(blk), iters,
+                             blocks))
+            if len(fns) == 2:
+                ratios[(op, size)] = [a / b for a, b in zip(*blks)]
+    return rows, ratios
 
 
-def worker(rank, world, tmp, sizes, ops, repeat, libs, queue):
+PAIR = ("torch-accord", "accord")
+
+
+def worker(rank, world, tmp, sizes, ops, repeat, libs, paired, queue):
     import torch
     torch.set_num_threads(1)
     import accord.torch  # noqa: F401  registers the backend
-    out = []
+    out, ratios = [], []
     n = 0
+    runs = [[lib] for lib in libs if not (paired and lib in PAIR)]
+    if paired:
+        runs.append(list(PAIR))
     for rep in range(repeat):
-        for lib in libs:
-            n += 1
-            D = _init(lib, rank, world, os.path.join(tmp, f"store{n}"))
-            out += _bench_lib(D, lib, rank, world, sizes, ops)
-            D.barrier()
-            D.destroy_process_group()
+        for run in runs:
+            Ds = []
+            for lib in run:
+                n += 1
+                Ds.append((lib, _init(lib, rank, world, os.path.join(tmp, f"store{n}"))))
+            rows, r = _bench_libs(Ds, rank, world, sizes, ops)
+            out += rows
+            ratios += [(op, size, rep, blk) for (op, size), blk in r.items()]
+            for _, D in reversed(Ds):
+                D.barrier()
+                D.destroy_process_group()
             if rank == 0:
-                print(f"  repeat {rep + 1}/{repeat}: {lib} done", file=sys.stderr, flush=True)
+                print(f"  repeat {rep + 1}/{repeat}: {' + '.join(run)} done", file=sys.stderr,
+                      flush=True)
     if rank == 0:
-        queue.put(out)
+        queue.put((out, ratios))
 
 
 def summarize(raw, world):
@@ -158,7 +203,17 @@ def _fmt_size(n):
     return str(n)
 
 
-def markdown(rows, world, libs, command):
+def summarize_pairs(ratios):
+    """(op, size) -> (median of every block ratio, lowest and highest per-repeat median)."""
+    by = {}
+    for op, size, rep, blk in ratios:
+        by.setdefault((op, size), []).append(blk)
+    return {key: (statistics.median(r for blk in reps for r in blk),
+                  min(statistics.median(blk) for blk in reps),
+                  max(statistics.median(blk) for blk in reps)) for key, reps in by.items()}
+
+
+def markdown(rows, world, libs, command, pairs=None):
     by = {(r["lib"], r["op"], r["size_bytes"]): r for r in rows}
     sizes = sorted({r["size_bytes"] for r in rows})
     ops = [op for op in OPS if any(r["op"] == op for r in rows)]
@@ -182,29 +237,48 @@ def markdown(rows, world, libs, command):
             lines.append("| " + " | ".join(cells) + " |")
     if "accord" in libs and "torch-accord" in libs and 8 in sizes:
         lines += ["", "overhead of the torch path at 8 bytes (target: within 1.5x of accord "
-                  "called directly)", "", "| op | torch-accord µs | accord µs | ratio |",
-                  "|---|---|---|---|"]
+                  "called directly)", ""]
+        if pairs:
+            lines += ["paired: blocks alternate between the two in the same processes; "
+                      "ratio = median over every block pair, spread = lowest/highest "
+                      "per-repeat median", "",
+                      "| op | torch-accord µs | accord µs | ratio | spread |",
+                      "|---|---|---|---|---|"]
+        else:
+            lines += ["| op | torch-accord µs | accord µs | ratio |", "|---|---|---|---|"]
         for op in ops:
             t, a = by.get(("torch-accord", op, 8)), by.get(("accord", op, 8))
             if t and a:
-                lines.append(f"| {op} | {t['lat_us']:.1f} | {a['lat_us']:.1f} | "
-                             f"{t['lat_us'] / a['lat_us']:.2f}x |")
+                line = f"| {op} | {t['lat_us']:.1f} | {a['lat_us']:.1f} | "
+                if pairs and (op, 8) in pairs:
+                    med, lo, hi = pairs[(op, 8)]
+                    line += f"{med:.2f}x | {lo:.2f}-{hi:.2f}x |"
+                else:
+                    line += f"{t['lat_us'] / a['lat_us']:.2f}x |"
+                lines.append(line)
     return "\n".join(lines) + "\n"
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--sizes", default="8,1K,64K,1M,16M,64M")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--libs", default=",".join(LIBS))
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--paired", action="store_true",
+                    help="run torch-accord and accord side by side, blocks alternating, and "
+                         "report the median per-block ratio (see above)")
     ap.add_argument("--csv", default="")
     ap.add_argument("--markdown", default="")
     a = ap.parse_args()
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     ops = a.ops.split(",")
     libs = a.libs.split(",")
+    if a.paired and not all(lib in libs for lib in PAIR):
+        ap.error("--paired needs both torch-accord and accord in --libs")
     command = "python benchmarks/bench_torch_backend.py " + " ".join(sys.argv[1:])
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -212,11 +286,11 @@ def main():
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="accord-bench-torch-") as tmp:
-        mp.spawn(worker, args=(a.world, tmp, sizes, ops, a.repeat, libs, q), nprocs=a.world,
-                 join=True)
-        raw = q.get()
+        mp.spawn(worker, args=(a.world, tmp, sizes, ops, a.repeat, libs, a.paired, q),
+                 nprocs=a.world, join=True)
+        raw, ratios = q.get()
     rows = summarize(raw, a.world)
-    md = markdown(rows, a.world, libs, command)
+    md = markdown(rows, a.world, libs, command, summarize_pairs(ratios) if ratios else None)
     print(md)
     if a.csv:
         with open(a.csv, "w") as f:
