@@ -432,3 +432,49 @@ def test_strided_tensors_across_many_buckets(transport, world):
     # 256 KiB buckets: the large tensors fill several buckets of each dtype
     assert run_ranks(world, _layouts, 0, "mixed", _many_layouts(), 256 << 10, timeout=90,
                      env={"ACCORD_TRANSPORT": transport}) == [True] * world
+
+
+# -- world 2 over shared memory with single copy: the copy split between both cores --
+
+def _split_spy(rank, world, src):
+    import accord
+    from accord.transport import shm
+    real, ran = shm._split_copy, []
+    shm._split_copy = lambda c, v, r: ran.append(real(c, v, r)) or ran[-1]
+    try:
+        want, state = _bucket_state(rank, src + 6)
+        accord.broadcast_state(state, src=src)
+        for k, v in want.items():
+            for a, b in zip(v if isinstance(v, list) else [v],
+                            state[k] if isinstance(v, list) else [state[k]]):
+                assert a.tobytes() == b.tobytes(), k
+    finally:
+        shm._split_copy = real
+    return ran
+
+
+@pytest.mark.parametrize("src", [0, 1])
+def test_large_two_rank_buckets_split_their_copy_between_both_ranks(src):
+    for ran in run_ranks(2, _split_spy, src, env={"ACCORD_TRANSPORT": "shm"}, timeout=60):
+        # the two float32 buckets and the float64 one are over 4 MiB; the int16 one is not
+        assert ran.count(True) == 3 and ran.count(False) == 1, ran
+
+
+def _split_layouts_differ(rank, world):
+    import accord
+    from accord.transport import shm
+    g = accord.api._world.default
+    # the same total, cut differently: each rank would copy into the other's memory
+    first = (4 << 20) if rank == 0 else (4 << 20) - 8
+    bufs = [np.zeros(first, np.uint8), np.zeros((4 << 20) + 8 - first, np.uint8)]
+    with pytest.raises(accord.Desync) as info:
+        accord.api._run(g, "broadcast", lambda c: shm.broadcast_many(c, bufs, 0), False, 10,
+                        (0, 0, 0, (4 << 20) + 8, "uint8"))
+    assert not bufs[0].any() and not bufs[1].any()
+    return str(info.value)
+
+
+def test_split_copy_with_different_buffer_lengths_is_a_desync_before_any_copy():
+    for msg in run_ranks(2, _split_layouts_differ, env={"ACCORD_TRANSPORT": "shm"}, timeout=60):
+        assert "ranks disagree on the buffers of this broadcast" in msg, msg
+        assert "buffer 0 holds" in msg, msg

@@ -51,8 +51,10 @@ import select
 import struct
 import time
 
+import numpy as np
+
 from ..algorithms import as_bytes
-from ..errors import GroupClosed
+from ..errors import Desync, GroupClosed
 from . import cma, futex
 from .matching import Recv, StashMatching
 from .reports import Reports
@@ -905,14 +907,65 @@ def broadcast_many(c, bufs, root):
     if t.size != 2:
         return False
     peer = 1 - t.rank
+    views = [as_bytes(b) for b in bufs]
+    if _split_copy(c, views, root):
+        return True
     stamp, deadline = c._stamp, c._deadline
     # one exchange per buffer: a send completes once its bytes are in the ring
     if t.rank == root:
-        for b in bufs:
-            t.exchange([(peer, as_bytes(b))], (), stamp, deadline, ring=True)
+        for v in views:
+            t.exchange([(peer, v)], (), stamp, deadline, ring=True)
     else:
-        for b in bufs:
-            t.exchange((), [(root, as_bytes(b))], stamp, deadline)
+        for v in views:
+            t.exchange((), [(root, v)], stamp, deadline)
+    return True
+
+
+def _split_copy(c, views, root):
+    """broadcast_many with single copies split between both cores: the receiver reads
+    the first half of the bytes out of the root's buffers while the root writes the
+    second half into the receiver's (4 KiB-page tensors: ~4 ms for 50 MiB, against
+    ~10 ms through the ring, where both cores copy everything once each).
+
+    The ranks swap (address, length) lists first: ranks that disagree on the root
+    read each other's stamps there (a Desync), and lists whose lengths differ are a
+    Desync on both ranks before a byte is copied, since each copies into the other's
+    memory. A last exchange both ways: neither returns while the other may still
+    touch its buffers. Returns False (nothing sent) where it does not apply."""
+    t = c._t
+    peer = 1 - t.rank
+    link = t.links[peer]
+    total = sum(len(v) for v in views)
+    if total < COOP_MIN or t.cma_min > total // 4 or not (link.cma_out and link.cma_in):
+        return False
+    mine = np.array([(cma.address(v) if len(v) else 0, len(v)) for v in views], np.uint64)
+    theirs = np.empty_like(mine)
+    c.exchange(sends=[(peer, memoryview(mine).cast("B"))],
+               recvs=[(peer, memoryview(theirs).cast("B"))])
+    if not np.array_equal(mine[:, 1], theirs[:, 1]):
+        i = int(np.flatnonzero(mine[:, 1] != theirs[:, 1])[0])
+        raise Desync(f"{t._here()}: ranks disagree on the buffers of this broadcast: "
+                     f"buffer {i} holds {int(mine[i, 1])} bytes here and "
+                     f"{int(theirs[i, 1])} on {t.peer_desc(peer)}")
+    half = total // 2
+    me_root = t.rank == root
+    try:
+        off = 0
+        for (here, n), (there, _) in zip(mine.tolist(), theirs.tolist()):
+            # the byte range [off, off + n) of the whole; the receiver takes [0, half)
+            lo, hi = (half, off + n) if me_root else (off, half)
+            a, b = max(lo, off), min(hi, off + n)
+            if a < b:
+                if me_root:
+                    cma.write(link.pid, here + a - off, there + a - off, b - a)
+                else:
+                    cma.read(link.pid, here + a - off, there + a - off, b - a)
+            off += n
+    except OSError as e:
+        t._check_abort()
+        raise t.peer_lost(peer, f"could not be {'written to' if me_root else 'read from'} "
+                                f"({e.strerror or e})") from None
+    c.exchange(sends=[(peer, _NOTHING)], recvs=[(peer, memoryview(bytearray(0)))])
     return True
 
 
