@@ -22,9 +22,11 @@ How it goes, on every rank of the group:
    transport; a large strided tensor goes through a contiguous temporary. The
    layout (which tensors are packed, where the pieces are cut) depends only on
    paths, shapes and dtypes, so ranks may hold the same tensor with different
-   strides. At world 2 over shared memory every piece goes through the ring
-   (shm broadcast_many), so the root copies one piece in while the other rank
-   copies the previous one out.
+   strides. At world 2 over shared memory a bucket is one shm broadcast_many:
+   with single copy allowed, the receiver reads the first half of its bytes
+   straight out of the root's tensors while the root writes the second half
+   into the receiver's; otherwise every piece goes through the ring, the root
+   copying one piece in while the other rank copies the previous one out.
 """
 import concurrent.futures
 import hashlib

@@ -360,3 +360,44 @@ def _any_source(rank, world, backend):
 def test_recv_without_src_matches_gloo():
     res = run_torch(3, _any_source, backends=("gloo", "accord"), timeout=60)
     assert res[0]["accord"] == res[0]["gloo"] == [(1, [10, 10, 10]), (2, [20, 20, 20])]
+
+
+# -- device tensors: staged through host memory -------------------------------------------
+# No GPU here: a tensor subclass that says it is not on the CPU (and whose .cpu() makes a
+# host copy) takes the same path a CUDA tensor takes through torch and the adapter.
+
+class _OffHost(torch.Tensor):
+    @property
+    def is_cpu(self):
+        return False
+
+    def cpu(self):
+        return torch.Tensor(self.as_subclass(torch.Tensor).clone())
+
+
+def _plain(t):
+    return t.as_subclass(torch.Tensor).tolist()
+
+
+def _staged(rank, world, backend):
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = torch.full((4,), float(rank)).as_subclass(_OffHost)
+        dist.broadcast(x, src=1)
+        y = torch.full((3,), float(rank + 1)).as_subclass(_OffHost)
+        dist.all_reduce(y)
+        outs = [torch.zeros(2).as_subclass(_OffHost) for _ in range(world)]
+        dist.all_gather(outs, torch.full((2,), float(rank)).as_subclass(_OffHost))
+        z = torch.full((2,), float(rank)).as_subclass(_OffHost)
+        dist.all_reduce(z, async_op=True).wait()
+    staging = [str(w.message) for w in caught if "copied to host memory" in str(w.message)]
+    return _plain(x), _plain(y), [_plain(o) for o in outs], _plain(z), staging
+
+
+def test_off_host_tensors_are_staged_through_host_memory_with_one_warning():
+    for r in run_torch(2, _staged):
+        x, y, outs, z, staging = r["accord"]
+        assert x == [1.0] * 4 and y == [3.0] * 3 and z == [1.0, 1.0]
+        assert outs == [[0.0, 0.0], [1.0, 1.0]]
+        assert len(staging) == 1, staging
