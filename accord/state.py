@@ -262,8 +262,9 @@ def _broadcast_bucket(g, root, bucket, async_op, timeout):
     total = sum(p.nbytes for p in pieces)
     name = "bfloat16" if bucket.code == BF16_CODE else bucket.views[0].dtype.name
 
-    # the transport's own two-rank path (shm: through the ring, both cores copying)
-    many = "broadcast" not in g.options.algorithms and g.size == 2
+    # the transport's own path for a list of buffers (shm: single copy split between
+    # the root and each receiver, or at world 2 the ring with both cores copying)
+    many = "broadcast" not in g.options.algorithms
 
     def body(c):
         if c is not None:

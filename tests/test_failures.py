@@ -78,6 +78,31 @@ def test_sigkill_inside_a_collective(transport):
         assert took < 10
 
 
+def _killed_mid_state_sync(rank, world, victim):
+    # buckets over 4 MiB: over shared memory the root writes into receivers' memory
+    # and they read out of its (the split single copy)
+    state = {f"w{i}": np.full(1 << 20, rank, np.float32) for i in range(12)}
+    dist.barrier()
+    if rank == victim:
+        import threading
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        while True:
+            dist.broadcast_state(state, src=0)
+    return _timed(lambda: [dist.broadcast_state(state, src=0) for _ in range(1000)])
+
+
+@pytest.mark.parametrize("victim", [0, 2], ids=["root", "receiver"])
+def test_sigkill_inside_broadcast_state(transport, victim):
+    out = run_ranks(3, _killed_mid_state_sync, victim, timeout=60, env=transport,
+                    expect_fail=True)
+    assert out[victim][0] == "died"
+    for rank in {0, 1, 2} - {victim}:
+        kind, (name, msg, took) = out[rank]
+        assert kind == "ok" and name == "PeerLost", out[rank]
+        assert f"rank {victim}" in msg, msg
+        assert took < 10
+
+
 def _different_collectives(rank, world):
     x = np.arange(4, dtype=np.float32)
     if rank == 0:

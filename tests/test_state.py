@@ -453,9 +453,9 @@ def _split_spy(rank, world, src):
     return ran
 
 
-@pytest.mark.parametrize("src", [0, 1])
-def test_large_two_rank_buckets_split_their_copy_between_both_ranks(src):
-    for ran in run_ranks(2, _split_spy, src, env={"ACCORD_TRANSPORT": "shm"}, timeout=60):
+@pytest.mark.parametrize("world,src", [(2, 0), (2, 1), (3, 1), (4, 0)])
+def test_large_buckets_split_their_copy_between_root_and_receivers(world, src):
+    for ran in run_ranks(world, _split_spy, src, env={"ACCORD_TRANSPORT": "shm"}, timeout=90):
         # the two float32 buckets and the float64 one are over 4 MiB; the int16 one is not
         assert ran.count(True) == 3 and ran.count(False) == 1, ran
 
@@ -466,15 +466,18 @@ def _split_layouts_differ(rank, world):
     g = accord.api._world.default
     # the same total, cut differently: each rank would copy into the other's memory
     first = (4 << 20) if rank == 0 else (4 << 20) - 8
-    bufs = [np.zeros(first, np.uint8), np.zeros((4 << 20) + 8 - first, np.uint8)]
+    fill = 1 if rank == 0 else 0
+    bufs = [np.full(first, fill, np.uint8), np.full((4 << 20) + 8 - first, fill, np.uint8)]
     with pytest.raises(accord.Desync) as info:
         accord.api._run(g, "broadcast", lambda c: shm.broadcast_many(c, bufs, 0), False, 10,
                         (0, 0, 0, (4 << 20) + 8, "uint8"))
-    assert not bufs[0].any() and not bufs[1].any()
+    assert (bufs[0] == fill).all() and (bufs[1] == fill).all()
     return str(info.value)
 
 
-def test_split_copy_with_different_buffer_lengths_is_a_desync_before_any_copy():
-    for msg in run_ranks(2, _split_layouts_differ, env={"ACCORD_TRANSPORT": "shm"}, timeout=60):
+@pytest.mark.parametrize("world", [2, 3])
+def test_split_copy_with_different_buffer_lengths_is_a_desync_before_any_copy(world):
+    for msg in run_ranks(world, _split_layouts_differ, env={"ACCORD_TRANSPORT": "shm"},
+                         timeout=60):
         assert "ranks disagree on the buffers of this broadcast" in msg, msg
         assert "buffer 0 holds" in msg, msg

@@ -480,6 +480,7 @@ class ShmTransport(Reports):
         self._spin_ack_s = SPIN_ACK_US * 1e-6 if size <= ncpu else 0.0
         self._yields = 0 if size <= ncpu else YIELDS
         self._last_check = time.monotonic()
+        self.cma_everywhere = False              # set by read_cma_flags
 
     # -- layout ----------------------------------------------------------------
     def rank_offset(self, r):
@@ -508,6 +509,11 @@ class ShmTransport(Reports):
         for link in self.links.values():
             link.cma_out = self.q[link.o_cma_ok_i] == 1
             link.cma_in = self.q[link.i_cma_ok_i] == 1
+        # every channel's flag is in the arena: all ranks reach the same answer, which
+        # collectives that pick single copy for the whole group need
+        self.cma_everywhere = all(
+            self.q[(self.chan_offset(a, b) + _C_CMA_OK) // 8] == 1
+            for a in range(self.size) for b in range(self.size) if a != b)
 
     # -- errors ------------------------------------------------------------------
     # -- the interface ---------------------------------------------------------------
@@ -908,12 +914,12 @@ def broadcast_many(c, bufs, root):
     sent) in groups of other sizes.
     """
     t = c._t
-    if t.size != 2:
-        return False
-    peer = 1 - t.rank
     views = [as_bytes(b) for b in bufs]
     if _split_copy(c, views, root):
         return True
+    if t.size != 2:
+        return False
+    peer = 1 - t.rank
     stamp, deadline = c._stamp, c._deadline
     # one exchange per buffer: a send completes once its bytes are in the ring
     if t.rank == root:
@@ -926,73 +932,88 @@ def broadcast_many(c, bufs, root):
 
 
 def _split_copy(c, views, root):
-    """broadcast_many with single copies shared by both cores: the receiver reads
-    chunks out of the root's buffers from the front while the root writes chunks
-    into the receiver's from the back, until they meet (4 KiB-page tensors: ~4 ms
-    for 50 MiB, against ~10 ms through the ring, where both cores copy everything
-    once each). Meeting wherever the two happen to be balances a slower side.
+    """broadcast_many with single copies shared between the root and each receiver:
+    a receiver reads chunks out of the root's buffers from the front while the root
+    writes chunks into that receiver's from the back, until they meet (at world 2,
+    4 KiB-page tensors: ~6 ms for 50 MiB, against ~10 ms through the ring, where
+    both cores copy everything once each). Meeting wherever the two happen to be
+    balances a slower side; with several receivers the root takes a chunk from
+    each in turn.
 
     Claims need no atomic instruction: each side publishes the chunk it takes,
     fences, then reads the other's claim, and steps back only once the other
     has moved past that chunk, so every chunk is copied at least once (a chunk
     at the meeting point may be copied by both, with the same bytes).
 
-    The ranks swap (address, length) lists first: ranks that disagree on the root
-    read each other's stamps there (a Desync), and lists whose lengths differ are a
-    Desync on both ranks before a byte is copied, since each copies into the other's
-    memory. A last exchange both ways: neither returns while the other may still
-    touch its buffers. Returns False (nothing sent) where it does not apply."""
+    The root and each receiver swap (address, length) lists first: ranks that
+    disagree on the root read each other's stamps there (a Desync), and lists whose
+    lengths differ are a Desync on both before a byte is copied, since each copies
+    into the other's memory. A last exchange both ways: neither returns while the
+    other may still touch its buffers. Returns False (nothing sent) where it does
+    not apply; every rank decides alike."""
     t = c._t
-    peer = 1 - t.rank
-    link = t.links[peer]
     total = sum(len(v) for v in views)
-    if total < COOP_MIN or t.cma_min > total // 4 or not (link.cma_out and link.cma_in):
+    if total < COOP_MIN or t.cma_min > total // 4 or not t.cma_everywhere:
         return False
     me_root = t.rank == root
+    peers = [p for p in range(t.size) if p != t.rank] if me_root else [root]
     nchunks = -(-total // _SPLIT_CHUNK)
     q = t.q
-    # this side's claim starts at its end of the range; the peer reads it only after
-    # the exchange below, whose ring writes come after this store
-    q[link.o_split_i] = nchunks if me_root else 0
+    # this side's claims start at its end of each range; a peer reads them only after
+    # the exchange below, whose ring writes come after these stores
+    for p in peers:
+        q[t.links[p].o_split_i] = nchunks if me_root else 0
     mine = np.array([(cma.address(v) if len(v) else 0, len(v)) for v in views], np.uint64)
-    theirs = np.empty_like(mine)
-    c.exchange(sends=[(peer, memoryview(mine).cast("B"))],
-               recvs=[(peer, memoryview(theirs).cast("B"))])
-    if not np.array_equal(mine[:, 1], theirs[:, 1]):
-        i = int(np.flatnonzero(mine[:, 1] != theirs[:, 1])[0])
-        raise Desync(f"{t._here()}: ranks disagree on the buffers of this broadcast: "
-                     f"buffer {i} holds {int(mine[i, 1])} bytes here and "
-                     f"{int(theirs[i, 1])} on {t.peer_desc(peer)}")
-    here, there = mine[:, 0].tolist(), theirs[:, 0].tolist()
+    theirs = {p: np.empty_like(mine) for p in peers}
+    c.exchange(sends=[(p, memoryview(mine).cast("B")) for p in peers],
+               recvs=[(p, memoryview(theirs[p]).cast("B")) for p in peers])
+    for p in peers:
+        if not np.array_equal(mine[:, 1], theirs[p][:, 1]):
+            i = int(np.flatnonzero(mine[:, 1] != theirs[p][:, 1])[0])
+            raise Desync(f"{t._here()}: ranks disagree on the buffers of this broadcast: "
+                         f"buffer {i} holds {int(mine[i, 1])} bytes here and "
+                         f"{int(theirs[p][i, 1])} on {t.peer_desc(p)}")
+    here = mine[:, 0].tolist()
     starts = [0]
     for n in mine[:, 1].tolist():
         starts.append(starts[-1] + n)
     copy = cma.write if me_root else cma.read
-    k, step = (nchunks - 1, -1) if me_root else (0, 1)
+    # per peer: [link, its buffers' addresses, the next chunk this side takes]
+    todo = [[t.links[p], theirs[p][:, 0].tolist(), nchunks - 1 if me_root else 0]
+            for p in peers]
     try:
-        while 0 <= k < nchunks:
-            q[link.o_split_i] = k if me_root else k + 1
-            futex.fence()
-            other = q[link.i_split_i]
-            # the root's claim is the lowest chunk it took, the receiver's one past
-            # the highest: step back only once the other is past this chunk
-            if (me_root and other >= k + 2) or (not me_root and other < k):
-                break
-            lo, hi = k * _SPLIT_CHUNK, min((k + 1) * _SPLIT_CHUNK, total)
-            b = bisect.bisect_right(starts, lo) - 1
-            while lo < hi:
-                end = min(hi, starts[b + 1])
-                if end > lo:
-                    off = lo - starts[b]
-                    copy(link.pid, here[b] + off, there[b] + off, end - lo)
-                lo = end
-                b += 1
-            k += step
+        while todo:
+            for job in list(todo):
+                link, there, k = job
+                if me_root:
+                    q[link.o_split_i] = k
+                    futex.fence()
+                    # the receiver's claim is one past the highest chunk it took
+                    done = k < 0 or q[link.i_split_i] >= k + 2
+                else:
+                    q[link.o_split_i] = k + 1
+                    futex.fence()
+                    # the root's claim is the lowest chunk it took
+                    done = k >= nchunks or q[link.i_split_i] < k
+                if done:
+                    todo.remove(job)
+                    continue
+                lo, hi = k * _SPLIT_CHUNK, min((k + 1) * _SPLIT_CHUNK, total)
+                b = bisect.bisect_right(starts, lo) - 1
+                while lo < hi:
+                    end = min(hi, starts[b + 1])
+                    if end > lo:
+                        off = lo - starts[b]
+                        copy(link.pid, here[b] + off, there[b] + off, end - lo)
+                    lo = end
+                    b += 1
+                job[2] = k - 1 if me_root else k + 1
     except OSError as e:
         t._check_abort()
-        raise t.peer_lost(peer, f"could not be {'written to' if me_root else 'read from'} "
-                                f"({e.strerror or e})") from None
-    c.exchange(sends=[(peer, _NOTHING)], recvs=[(peer, memoryview(bytearray(0)))])
+        raise t.peer_lost(link.peer, f"could not be {'written to' if me_root else 'read from'} "
+                                     f"({e.strerror or e})") from None
+    c.exchange(sends=[(p, _NOTHING) for p in peers],
+               recvs=[(p, memoryview(bytearray(0))) for p in peers])
     return True
 
 
