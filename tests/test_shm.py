@@ -522,9 +522,12 @@ def _pair_broadcast(rank, world):
     return ran
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("env", [SHM, {**SHM, "ACCORD_SHM_CMA": "0"}], ids=["cma", "no-cma"])
-def test_two_rank_broadcast_splits_the_copy(env):
-    out = run_ranks(2, _pair_broadcast, env=env, timeout=60)
+def test_large_broadcast_splits_the_copy(env, world):
+    # world 2: the receiver reads one half while the root writes the other; more ranks:
+    # the root writes into each receiver from the back while each reads from the front
+    out = run_ranks(world, _pair_broadcast, env=env, timeout=90)
     for ran in out:
         # both ranks take the same path: both halves of the copy, or the plain one
         want = [True] * 4 if env.get("ACCORD_SHM_CMA") != "0" else [False] * 4

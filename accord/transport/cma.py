@@ -34,6 +34,8 @@ _PIECE = 16 << 20
 
 def address(mv):
     """The address of a contiguous buffer's first byte."""
+    if not isinstance(mv, memoryview):
+        mv = memoryview(mv)
     if not mv.readonly and mv.nbytes:
         return ctypes.addressof(ctypes.c_char.from_buffer(mv))     # ~0.2 µs; numpy's ~1.5
     return np.frombuffer(mv, dtype=np.uint8).ctypes.data

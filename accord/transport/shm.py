@@ -520,7 +520,8 @@ class ShmTransport(Reports):
     def _send(self, peer, header, buf, ring=False):
         link = self.links[peer]
         n = len(buf)
-        if n >= self.cma_min and link.cma_out and buf.contiguous and not ring:
+        if n >= self.cma_min and link.cma_out and not ring and \
+                getattr(buf, "contiguous", True):
             link.cma_seq += 1
             s = _Send(peer, [_cma_header(header) + _DESC.pack(cma.address(buf), link.cma_seq)],
                       seq=link.cma_seq, keep=buf)
@@ -710,16 +711,16 @@ class ShmTransport(Reports):
                     q[i] = 0
 
     def _check_blocked_sends(self, sends, stamp):
-        """A collective send waiting for ring space: does the peer send us something
+        """A collective send waiting for ring space: does any peer send us something
         this call can never take? Ranks that each believe they are a root only send;
         once their messages fill the rings they would wait for each other until the
         timeout. A stamp of this call or an earlier one that does not match ours is
         a Desync, named now."""
-        for s in sends:
-            if s.done:
-                continue
-            link = self.links[s.peer]
-            if not link.sends or link.incoming is not None or link.posted:
+        if all(s.done for s in sends):
+            return
+        # any peer, not only the one we send to: three "roots" send in a ring
+        for link in self.links.values():
+            if link.incoming is not None or link.posted:
                 continue
             if self.q[link.i_head_i] - link.i_tail < HEADER_SIZE:
                 continue
@@ -729,7 +730,7 @@ class ShmTransport(Reports):
             h = (COLL,) + h[1:]
             if header_problem(h) is None and header_seq(h) <= stamp.seq and \
                     not stamp.matches(h):
-                raise self.desync(s.peer, stamp, h)
+                raise self.desync(link.peer, stamp, h)
 
     def _check_abort(self):
         who = self.q[_H_ABORT // 8]
@@ -877,7 +878,12 @@ def broadcast_pair(c, arr, root):
     """
     t = c._t
     n = arr.nbytes
-    if t.size != 2 or n < COOP_MIN or t.cma_min > n // 4:
+    if t.size != 2:
+        # more receivers: the root writes into each from the back while each reads
+        # from the front (broadcast_many's split copy); False where it does not apply
+        return n >= COOP_MIN and arr.flags.c_contiguous and \
+            _split_copy(c, [memoryview(arr.reshape(-1).view("u1"))], root)
+    if n < COOP_MIN or t.cma_min > n // 4:
         return False
     peer = 1 - t.rank
     link = t.links[peer]

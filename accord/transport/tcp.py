@@ -474,15 +474,17 @@ class TcpTransport(Reports):
             if not r.done:
                 masks[r.peer] = masks.get(r.peer, 0) | select.POLLIN
         crossing = set()
-        if self._sending is not None and not drain_while_sending:
-            # a collective send that cannot move, to a peer this call reads nothing from:
-            # if that peer is sending to us too, in this call or an earlier one, the ranks
-            # disagree (say, both think they are the root) and neither would ever read
-            for s in sends:
-                link = self.links[s.peer]
-                if not s.done and not link.posted and s.peer not in self._benign:
-                    masks[s.peer] |= select.POLLIN
-                    crossing.add(s.peer)
+        if self._sending is not None and not drain_while_sending and \
+                any(not s.done for s in sends):
+            # a collective send that cannot move: if a peer this call reads nothing from
+            # sends us a message of this call or an earlier one that does not match, the
+            # ranks disagree (say, each thinks it is the root) and none would ever read.
+            # Any peer, not only the one we send to: three "roots" send in a ring.
+            for peer, link in self.links.items():
+                if not link.posted and not link.eof and not link.departed and \
+                        link.incoming is None and peer not in self._benign:
+                    masks[peer] = masks.get(peer, 0) | select.POLLIN
+                    crossing.add(peer)
         p = select.poll()
         fds = {}
         for peer, link in self.links.items():
@@ -498,7 +500,7 @@ class TcpTransport(Reports):
                 self.links[peer].advance(drain=True)
             elif peer in crossing and ev & select.POLLIN:
                 self._check_crossing(self.links[peer])
-            elif peer not in masks and ev & (_IDLE_MASK | select.POLLIN):
+            elif (peer not in masks or peer in crossing) and ev & (_IDLE_MASK | select.POLLIN):
                 self._drain_idle(self.links[peer])
 
     def _check_crossing(self, link):
