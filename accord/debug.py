@@ -156,7 +156,11 @@ def unregister(group):
 # -- positions ------------------------------------------------------------------------
 
 def _key(group, rank):
-    return f"{group.name}/debug/pos/{rank}"
+    return _pos_key(group.name, rank)
+
+
+def _pos_key(group_name, rank):
+    return f"{group_name}/debug/pos/{rank}"
 
 
 def position(group):
@@ -269,7 +273,7 @@ def _read_position(group, r):
 def read_position(store, group_name, r):
     """Group rank r's published position in group_name, or None."""
     try:
-        key = f"{group_name}/debug/pos/{r}"
+        key = _pos_key(group_name, r)
         if store.check([key]):
             return json.loads(store.get(key))
     except Exception:

@@ -197,6 +197,7 @@ class ProcessGroup:
             raise self._closed_error()
         t = self.transport
         t.op_desc = f"{desc} (group {self.name!r})"
+        t.interrupted = None         # meant for an earlier call, if it finished after all
         entry[debug.T_START] = time.time()
         entry[debug.STATE] = debug.RUNNING
         rec.current = entry

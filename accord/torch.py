@@ -511,22 +511,30 @@ class AccordProcessGroup(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    def _rooted(self, mine, root_lists, root, name, listed):
+        """(this rank's tensor, the root's per-rank list or None, _Stage or None) of a
+        gather or scatter; listed: "output" (gather) or "input" (scatter), what the
+        root's list holds."""
+        t = mine[0] if len(mine) == 1 else _one(mine, name)
+        lst = None
+        if self._g.rank == root:
+            lst = _one(root_lists, name)
+        elif root_lists and any(len(x) for x in root_lists):
+            raise ValueError(f"{name}: {listed} tensors are only given on the root rank")
+        st = None
+        if not (t.is_cpu and (lst is None or _all_cpu(lst))):
+            st = _Stage()
+            if listed == "output":
+                t, lst = st.inp(t), lst and [st.out(x) for x in lst]
+            else:
+                t, lst = st.out(t), lst and [st.inp(x) for x in lst]
+        return t, lst, st
+
     def gather(self, output_lists, input_tensors, opts=None):
         if opts is None:
             opts = _C.GatherOptions()
         root = opts.rootRank
-        inp = input_tensors[0] if len(input_tensors) == 1 else _one(input_tensors, "gather")
-        outs = None
-        if self._g.rank == root:
-            outs = _one(output_lists, "gather")
-        elif output_lists and any(len(x) for x in output_lists):
-            raise ValueError("gather: output tensors are only given on the root rank")
-        st = None
-        if not (inp.is_cpu and (outs is None or _all_cpu(outs))):
-            st = _Stage()
-            inp = st.inp(inp)
-            if outs is not None:
-                outs = [st.out(t) for t in outs]
+        inp, outs, st = self._rooted(input_tensors, output_lists, root, "gather", "output")
         w = api.gather(inp, outs, group=self._g, group_dst=root, async_op=opts.asyncOp,
                        timeout=_timeout(opts))
         return _finish(w, output_lists, "gather", st)
@@ -535,18 +543,7 @@ class AccordProcessGroup(dist.ProcessGroup):
         if opts is None:
             opts = _C.ScatterOptions()
         root = opts.rootRank
-        out = output_tensors[0] if len(output_tensors) == 1 else _one(output_tensors, "scatter")
-        ins = None
-        if self._g.rank == root:
-            ins = _one(input_lists, "scatter")
-        elif input_lists and any(len(x) for x in input_lists):
-            raise ValueError("scatter: input tensors are only given on the root rank")
-        st = None
-        if not (out.is_cpu and (ins is None or _all_cpu(ins))):
-            st = _Stage()
-            out = st.out(out)
-            if ins is not None:
-                ins = [st.inp(t) for t in ins]
+        out, ins, st = self._rooted(output_tensors, input_lists, root, "scatter", "input")
         w = api.scatter(out, ins, group=self._g, group_src=root, async_op=opts.asyncOp,
                         timeout=_timeout(opts))
         return _finish(w, output_tensors, "scatter", st)
