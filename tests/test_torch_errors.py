@@ -95,6 +95,26 @@ def test_desync():
     assert "all_reduce" in d[1], d
 
 
+def cross_groups(rank, world, backend):
+    g = dist.new_group([0, 1])
+    t = torch.ones(4)
+    if rank == 0:        # each rank makes the other's call first: no message ever crosses
+        return _catch(lambda: (dist.all_reduce(t, group=g), dist.all_reduce(t)))
+    return _catch(lambda: (dist.all_reduce(t), dist.all_reduce(t, group=g)))
+
+
+def test_ranks_blocked_in_different_groups_get_desync_not_a_hang():
+    # the groups' timeout is 60 s: the deadlock is named long before it
+    t0 = time.monotonic()
+    res = run_torch(2, cross_groups, timeout=60)
+    assert time.monotonic() - t0 < 30
+    for r in res:
+        name, msg, ours = r["accord"]
+        assert name == "Desync" and ours, msg
+        assert "deadlock" in msg and "rank 0 waits in all_reduce" in msg, msg
+        assert "rank 1 waits in all_reduce" in msg, msg
+
+
 def bad_args(rank, world, backend):
     out = {}
     out["avg_int"] = _catch(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
