@@ -10,9 +10,11 @@ the published positions; a path back to itself is a cycle, a certain
 deadlock. It is declared only when seen again after every member has had
 time to publish a change, so a stale position never raises a false alarm.
 
-Only calls a thread is blocked on count (a synchronous call, or Work.wait):
-an async call waiting for a rank that computes before its next call is
-normal.
+Only calls the main thread is blocked on count (a synchronous call, or
+Work.wait): an async call waiting for a rank that computes before its next
+call is normal. A process with threads of its own (one that issued a
+collective, or any live thread that is not accord's) takes no part: that
+thread may yet make the call its peers wait for.
 """
 import time
 
@@ -53,6 +55,8 @@ def find_cycle(g, cur, groups):
     """[node, ...] from this rank's blocked call back to it, or None.
 
     A node is a blocked call: {rank, group, ranks, seq, desc, waiting_on}."""
+    if debug.threaded():
+        return None
     me = g.global_rank
     mine = {x.name: x for x in groups}
     start = {"rank": me, "group": g.name, "ranks": g.ranks, "seq": cur[debug.SEQ],
@@ -83,9 +87,9 @@ def find_cycle(g, cur, groups):
                     return path          # it waits for this rank, blocked in g
                 continue
             pos = position(b, node)
-            if pos is None or pos.get("calls", {}).get(node["group"], node["seq"] + 1) \
-                    > node["seq"]:
-                continue                 # b entered that call (or says nothing)
+            if pos is None or pos.get("threads", True) or \
+                    pos.get("calls", {}).get(node["group"], node["seq"] + 1) > node["seq"]:
+                continue       # b entered that call, says nothing, or issues from threads
             for nb in pos.get("blocked", ()):
                 nxt = dict(nb, rank=b)
                 if (b, nb["group"]) in visited:

@@ -153,6 +153,35 @@ def unregister(group):
         _groups.discard(group)
 
 
+# -- which threads issue collectives ------------------------------------------------
+
+other_issuers = False     # a thread other than the main one has issued a collective
+
+
+def on_main_thread():
+    """True on the main thread; notes it when another thread issues a collective.
+
+    A process whose main thread is blocked in a call may still make the call its
+    peers wait for from another thread: such processes (see threaded()) take no
+    part in deadlock cycles (deadlock.py), and fall back to the timeout's
+    stuck-rank table."""
+    global other_issuers
+    if threading.current_thread() is threading.main_thread():
+        return True
+    other_issuers = True
+    return False
+
+
+def threaded():
+    """Whether another thread of this program may issue collectives: one has, or a
+    thread that is not accord's own is alive (it may be about to)."""
+    if other_issuers:
+        return True
+    main = threading.main_thread()
+    return any(t is not main and not t.name.startswith("accord-")
+               for t in threading.enumerate())
+
+
 # -- positions ------------------------------------------------------------------------
 
 def _key(group, rank):
@@ -177,7 +206,7 @@ def position(group):
         pos["waiting_on"] = waiting_on(group)
     if done is not None:
         pos["completed"] = {"seq": done[SEQ], "desc": describe_entry(done), "at": done[T_END]}
-    pos["calls"], pos["blocked"] = {}, []
+    pos["calls"], pos["blocked"], pos["threads"] = {}, [], threaded()
     for other in list(_groups):
         pos["calls"][other.name] = other._seq
         c = other.recorder.current

@@ -45,8 +45,8 @@ class ProcessGroup:
         self._worker = None
         self._closed = None
         self._scratch = None
-        # threads of this process blocked until a call of this group completes: what
-        # debug.py's deadlock check needs to know the rank cannot move on by itself
+        # the main thread is blocked until a call of this group completes (0 or 1): what
+        # the deadlock check (deadlock.py) needs to know the rank cannot move on by itself
         self.waiters = 0
 
     def scratch(self, dtype, numel):
@@ -137,6 +137,8 @@ class ProcessGroup:
         self.check_open()
         timeout = self.timeout if timeout is None else timeout
         site, where = debug.call_site()
+        # the deadlock check trusts "blocked" only for programs that issue from one thread
+        main = debug.on_main_thread()
         with self._issue_lock:
             if p2p:
                 stamp = None
@@ -155,11 +157,11 @@ class ProcessGroup:
             if self.options is not None and self.options.debug == "DETAIL" and stamp:
                 body = debug_detail.wrap(self, opname, stamp, body)
             if not async_op and self._pending == 0:
-                self.waiters += 1
+                self.waiters += main
                 try:
                     return self._execute(desc, body, stamp, timeout, entry)
                 finally:
-                    self.waiters -= 1
+                    self.waiters -= main
             self._pending += 1
             fut = concurrent.futures.Future()
             if self._worker is None:
@@ -170,11 +172,11 @@ class ProcessGroup:
             self._queue.put((desc, body, stamp, timeout, fut, entry))
         if async_op:
             return Work(fut, f"{desc} on group {self.name!r}", self)
-        self.waiters += 1
+        self.waiters += main
         try:
             return fut.result()
         finally:
-            self.waiters -= 1
+            self.waiters -= main
 
     def _work(self):
         while True:

@@ -1,5 +1,6 @@
 """Work: the handle of an asynchronous operation, over a concurrent.futures.Future."""
 import concurrent.futures
+import threading
 
 from .errors import CommTimeout
 from .options import to_seconds
@@ -15,8 +16,9 @@ class Work:
         """Block until done; re-raise the operation's error. Returns True."""
         seconds = to_seconds(timeout, "timeout")
         g = self._group
-        if g is not None and not self._future.done():
-            g.waiters += 1          # this thread now waits on the group (debug.py)
+        if g is not None and not self._future.done() and \
+                threading.current_thread() is threading.main_thread():
+            g.waiters += 1          # the main thread now waits on the group (deadlock.py)
             try:
                 concurrent.futures.wait([self._future], seconds)
             finally:

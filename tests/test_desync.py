@@ -226,6 +226,27 @@ def test_async_call_waiting_while_its_rank_computes_is_no_false_alarm(env):
         assert x == [3.0] * 4 and y == [3.0] * 4
 
 
+def _two_threads_two_groups(rank, world):
+    import threading
+    g1, g2 = dist.new_group([0, 1]), dist.new_group([0, 1])
+    x, y = np.full(4, rank + 1.0), np.full(4, rank + 1.0)
+
+    def late(group, arr):
+        time.sleep(2.5)
+        dist.all_reduce(arr, group=group)
+    # not a deadlock: each rank's other thread makes the call the peer waits in, late
+    other = threading.Thread(target=late, args=(g2, y) if rank == 0 else (g1, x))
+    other.start()
+    dist.all_reduce(x if rank == 0 else y, group=g1 if rank == 0 else g2)
+    other.join()
+    return x.tolist(), y.tolist()
+
+
+def test_calls_from_other_threads_are_no_false_alarm(env):
+    for x, y in run_ranks(2, _two_threads_two_groups, timeout=30, env=env):
+        assert x == [3.0] * 4 and y == [3.0] * 4
+
+
 def _roots_then_leave(rank, world):
     x = np.full(4, rank, np.float32)
     dist.broadcast(x, src=rank)     # each only sends: the call itself cannot tell
