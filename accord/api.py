@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from . import rendezvous
+from . import hierarchy, rendezvous
 from .algorithms import allgather, rooted, split
 from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
 from .algorithms.table import choose
@@ -62,6 +62,10 @@ def _connect(g, store, addr, timeout):
     # shared memory when every member shares this host, TCP otherwise (transport/factory.py)
     g.transport = build_transport(store, g.name, g.rank, g.size, g.describe_rank, g.options,
                                   addr, time.monotonic() + timeout)
+    hosts = getattr(g.transport, "hosts", None)
+    if hosts is not None and hierarchy.wanted(hosts):
+        # several hosts, several ranks on one: shared memory inside each host as well
+        g.hier = hierarchy.build(g, hosts, store, addr, timeout)
 
 
 def _build_group(w, name, ranks, timeout):
@@ -313,17 +317,29 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, time
         return None
     root = _root(g, src, group_src, "src")
     buf = as_buf(tensor, "tensor", writable=g.rank != root)   # the root only reads
+    if g.hier is not None and buf.nbytes >= hierarchy.MIN_BYTES["broadcast"]:
+        run, stamp = g.hier.broadcast(buf, root), _stamp(buf, root, count=buf.nbytes)
+    else:
+        run, stamp = _broadcast_run(g, buf, root)
+
+    def body(c):
+        run(c)
+        buf.finish()
+    return _run(g, "broadcast", body, async_op, timeout, stamp)
+
+
+def _broadcast_run(g, buf, root):
+    """(body moving buf from root over g's own links, stamp arguments)."""
     algo = choose("broadcast", buf.nbytes, g.size, g.options.algorithms)
     forced = "broadcast" in g.options.algorithms
 
-    def body(c):
+    def run(c):
         if c is not None:
             # the transport's own whole-collective path, where it has one that applies
             fast = None if forced else c.collective("broadcast")
             if fast is None or not fast(c, buf.arr, root):
                 algo(c, buf.arr, root)
-        buf.finish()
-    return _run(g, "broadcast", body, async_op, timeout, _stamp(buf, root, count=buf.nbytes))
+    return run, _stamp(buf, root, count=buf.nbytes)
 
 
 def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
@@ -440,16 +456,25 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     op = as_reduce_op(op)
     buf = as_buf(tensor, "tensor")
     check_op(op, buf)
+    run, stamp = _reduce_run(g, buf, root, op)
 
     def body(c):
-        if c is not None:
-            # non-root inputs stay untouched, as NCCL leaves them
-            acc = buf.arr if c.rank == root else buf.arr.copy()
-            tmp = g.scratch(buf.arr.dtype, min(buf.numel, piece_elems(buf.itemsize)))
-            tree_reduce(c, acc, root, op, buf.is_bf16, tmp)
+        run(c)
         if g.rank == root:
             buf.finish()
-    return _run(g, "reduce", body, async_op, timeout, _stamp(buf, root, op, buf.nbytes))
+    return _run(g, "reduce", body, async_op, timeout, stamp)
+
+
+def _reduce_run(g, buf, root, op, in_place=False):
+    """(body reducing buf to root over g's links, stamp arguments); in_place: a
+    non-root's buf may be used as scratch (it is overwritten afterwards anyway)."""
+    def run(c):
+        if c is not None:
+            # non-root inputs stay untouched, as NCCL leaves them
+            acc = buf.arr if c.rank == root or in_place else buf.arr.copy()
+            tmp = g.scratch(buf.arr.dtype, min(buf.numel, piece_elems(buf.itemsize)))
+            tree_reduce(c, acc, root, op, buf.is_bf16, tmp)
+    return run, _stamp(buf, root, op, buf.nbytes)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None):
@@ -459,17 +484,29 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None
     op = as_reduce_op(op)
     buf = as_buf(tensor, "tensor")
     check_op(op, buf)
-    algo = choose("all_reduce", buf.nbytes, g.size, g.options.algorithms)
+    if g.hier is not None and buf.nbytes >= hierarchy.MIN_BYTES["all_reduce"]:
+        run, stamp = g.hier.all_reduce(buf, op), _stamp(buf, -1, op, buf.nbytes)
+    else:
+        run, stamp = _all_reduce_run(g, buf, op)
 
     def body(c):
+        run(c)
+        buf.finish()
+    return _run(g, "all_reduce", body, async_op, timeout, stamp)
+
+
+def _all_reduce_run(g, buf, op):
+    """(body all-reducing buf over g's own links, stamp arguments)."""
+    algo = choose("all_reduce", buf.nbytes, g.size, g.options.algorithms)
+
+    def run(c):
         if c is not None:
             # the ring works piece by piece; recursive doubling (small messages) whole
             need = buf.numel if algo.__name__ != "ring_allreduce" else \
                 min(-(-buf.numel // c.size), piece_elems(buf.itemsize))
             tmp = g.scratch(buf.arr.dtype, need)
             algo(c, buf.arr, op, buf.is_bf16, tmp)
-        buf.finish()
-    return _run(g, "all_reduce", body, async_op, timeout, _stamp(buf, -1, op, buf.nbytes))
+    return run, _stamp(buf, -1, op, buf.nbytes)
 
 
 def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, total_bytes):
@@ -593,11 +630,15 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     g = _group(group)
     if not g.is_member:
         return None
+    body, stamp = _barrier_run(g)
+    return _run(g, "barrier", body, async_op, timeout, stamp)
 
-    def body(c):
+
+def _barrier_run(g):
+    def run(c):
         if c is not None:
             rooted.barrier(c, _EMPTY)
-    return _run(g, "barrier", body, async_op, timeout, (-1, NO_DTYPE, 0, 0, ""))
+    return run, (-1, NO_DTYPE, 0, 0, "")
 
 
 # -- point to point ---------------------------------------------------------------

@@ -48,6 +48,7 @@ class ProcessGroup:
         # the main thread is blocked until a call of this group completes (0 or 1): what
         # the deadlock check (deadlock.py) needs to know the rank cannot move on by itself
         self.waiters = 0
+        self.hier = None             # per-host subgroups of a group spanning hosts
 
     def scratch(self, dtype, numel):
         """A reusable receive buffer for reductions (one call runs at a time per group).
@@ -251,6 +252,8 @@ class ProcessGroup:
                 except Exception:
                     pass
             self.transport.abort(exc)
+            if self.hier is not None:
+                self.hier.break_all(exc)
 
     # -- shutdown ----------------------------------------------------------
     def destroy(self, check=True):
@@ -261,6 +264,8 @@ class ProcessGroup:
             if self._worker is not threading.current_thread():
                 self._worker.join(timeout=self.timeout)
             self._worker = None
+        if self.hier is not None:
+            self.hier.destroy()
         left = []
         if self.transport is not None:
             left = self.transport.close(GOODBYE_S if check and self._closed is None else 0.0) or []

@@ -3,9 +3,9 @@
 ACCORD_TRANSPORT=auto (the default) gives a group whose members all share a
 host the shared-memory transport, and TCP to any other group; `tcp` forces
 TCP; `shm` forces shared memory and refuses a group that spans hosts. A
-group that mixes hosts currently runs entirely on TCP (correct everywhere;
-intra-host shared memory for such groups is future work: a hierarchical
-algorithm over per-host shm subgroups is the planned route).
+group that mixes hosts gets TCP links, and where a host holds several of its
+ranks, per-host shared-memory subgroups for hierarchical collectives
+(hierarchy.py).
 
 Host identity: ACCORD_HOST_ID, else the host name plus the kernel's boot id
 (two containers on one kernel with different host names count as different
@@ -65,4 +65,7 @@ def build_transport(store, prefix, rank, size, describe_rank, options, addr, dea
                              f"{len(by_host)} hosts ({layout}); shared memory only links "
                              f"ranks on one host: use ACCORD_TRANSPORT=auto or tcp")
     socks = connect_mesh(store, prefix, rank, size, addr, deadline)
-    return TcpTransport(rank, size, socks, describe_rank)
+    t = TcpTransport(rank, size, socks, describe_rank)
+    if size > 1 and mode != "tcp":
+        t.hosts = hosts         # mixed: api.py adds per-host shared memory (hierarchy.py)
+    return t

@@ -1,0 +1,159 @@
+"""Groups spanning hosts with several ranks on one: per-host shared memory plus leaders
+over TCP (accord/hierarchy.py). Hosts are simulated with ACCORD_HOST_ID."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import accord as dist
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+LAYOUTS = [["a", "a", "b", "b"], ["a", "a", "a", "b"], ["a", "b", "a", "b"],
+           ["a", "b", "c", "a", "c"]]
+
+
+def _init(rank, layout):
+    os.environ["ACCORD_HOST_ID"] = layout[rank]
+    dist.init_process_group()
+    return dist.api._world.default
+
+
+def _shape(rank, world, layout):
+    g = _init(rank, layout)
+    h = g.hier
+    try:
+        return (type(g.transport).__name__, type(h.local.transport).__name__
+                if h.local.size > 1 else None,
+                h.local.ranks, h.leaders.ranks if h.leaders is not None else None)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids="".join)
+def test_subgroups_follow_the_hosts(layout):
+    out = run_ranks(len(layout), _shape, layout, init=False, timeout=60)
+    leaders = [layout.index(h) for h in dict.fromkeys(layout)]
+    for rank, (outer, local_kind, local_ranks, lead) in enumerate(out):
+        assert outer == "TcpTransport"
+        assert local_ranks == [r for r in range(len(layout)) if layout[r] == layout[rank]]
+        assert local_kind == ("ShmTransport" if len(local_ranks) > 1 else None)
+        assert lead == (leaders if rank in leaders else None)
+
+
+def _collectives(rank, world, layout):
+    g = _init(rank, layout)
+    calls = []
+    real = dist.api._run
+
+    def spy(group, opname, *a, **k):
+        calls.append(group.name)
+        return real(group, opname, *a, **k)
+    dist.api._run = spy
+    try:
+        # below MIN_BYTES flat, above in phases; a size on either side of each threshold
+        for n in (0, 7, 4095, 4097, 65535, 65537, 300_001, (4 << 20) // 4 + 3):
+            for root in range(world):
+                want = (np.arange(n) * (root + 1) % 1013).astype(np.float32)
+                x = want.copy() if rank == root else np.zeros(n, np.float32)
+                dist.broadcast(x, src=root)
+                assert np.array_equal(x, want), (n, root)
+            for dtype in (np.int64, np.float64, np.float16):
+                x = (np.arange(n) % 5 + rank).astype(dtype)
+                dist.all_reduce(x)
+                want = sum((np.arange(n) % 5 + r).astype(np.float64) for r in range(world))
+                assert np.array_equal(x, want.astype(dtype)), (n, dtype)
+            x = np.full(n, float(rank))
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+            assert (x == world - 1).all()
+            x = np.full(n, float(rank))
+            dist.all_reduce(x, op=dist.ReduceOp.AVG)
+            assert np.allclose(x, (world - 1) / 2)
+        strided = np.zeros((600, 400))[:, ::2]      # a non-contiguous tensor, over 256 KiB
+        if rank == 1:
+            strided[:] = 5
+        dist.broadcast(strided, src=1)
+        assert (strided == 5).all()
+        dist.barrier()
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None:          # bfloat16 travels as int16 bits: reduced as bf16
+            torch.set_num_threads(1)
+            t = torch.full((1 << 14,), float(rank + 1), dtype=torch.bfloat16)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            assert (t.float() == (world + 1) / 2).all(), t[:4]
+        # the flat collectives keep working on the same group
+        out = [np.zeros(3) for _ in range(world)]
+        dist.all_gather(out, np.full(3, float(rank)))
+        assert [o[0] for o in out] == list(range(world))
+    finally:
+        dist.api._run = real
+        dist.destroy_process_group()
+    return sorted(set(calls))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids="".join)
+def test_collectives_run_in_phases_and_agree(layout):
+    out = run_ranks(len(layout), _collectives, layout, init=False, timeout=110)
+    for rank, groups in enumerate(out):
+        host = layout[rank]
+        assert f"default/host{list(dict.fromkeys(layout)).index(host)}" in groups or \
+            layout.count(host) == 1, groups
+        if rank == layout.index(host):
+            assert "default/leaders" in groups, groups
+
+
+def _killed(rank, world, layout):
+    _init(rank, layout)
+    x = np.ones(1 << 17)
+    dist.barrier()
+    if rank == 1:
+        import threading
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        while True:
+            dist.all_reduce(x)
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(x)
+    except dist.AccordError as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "ok", "", 0.0
+
+
+def test_a_dead_rank_is_named_in_every_phase():
+    layout = ["a", "a", "b", "b"]
+    out = run_ranks(4, _killed, layout, init=False, timeout=60, expect_fail=True)
+    assert out[1][0] == "died"
+    for rank in (0, 2, 3):
+        kind, (name, msg, took) = out[rank]
+        assert kind == "ok" and name == "PeerLost", out[rank]
+        assert "rank 1" in msg or "rank 0" in msg, msg
+        assert took < 10
+
+
+def _roots_differ(rank, world, layout):
+    _init(rank, layout)
+    x = np.zeros(4)
+    t0 = time.monotonic()
+    try:
+        dist.broadcast(x, src=0 if rank < 3 else 3)
+        dist.barrier()
+    except dist.AccordError as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "ok", "", 0.0
+
+
+def test_different_roots_are_a_desync():
+    out = run_ranks(4, _roots_differ, ["a", "a", "b", "b"], init=False, timeout=60,
+                    expect_fail=True)
+    names = [payload[0] for kind, payload in out]
+    assert "Desync" in names, out
+    for kind, (name, msg, took) in out:
+        assert name in ("Desync", "PeerLost", "GroupClosed"), msg
+        assert took < 10
