@@ -20,6 +20,8 @@ SCRIPT = textwrap.dedent("""
     import accord as dist
     dist.init_process_group()
     r, n = dist.get_rank(), dist.get_world_size()
+    hier = dist.api._world.default.hier is not None
+    assert hier == (os.environ.get("EXPECT_HIER") == "1"), hier
     t = np.arange(1000, dtype=np.float64) if r == 0 else np.zeros(1000)
     dist.broadcast(t, src=0)
     assert (t == np.arange(1000)).all()
@@ -75,14 +77,21 @@ def two_hosts():
         _sh("ip", "netns", "del", b)
 
 
-def test_two_hosts_over_veth(two_hosts, tmp_path):
+@pytest.mark.parametrize("mode", ["tcp", "hierarchical"])
+def test_two_hosts_over_veth(two_hosts, tmp_path, mode):
+    # namespaces share the kernel (and its host identity): ACCORD_HOST_ID tells the hosts
+    # apart, so that auto gives each its shared memory and the leaders the veth link
     (ns_a, addr_a), (ns_b, addr_b) = two_hosts
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     port = str(random.randint(20000, 40000))
-    env = dict(os.environ, ACCORD_TRANSPORT="tcp", ACCORD_TIMEOUT="60")
     procs = []
     for ns, node in ((ns_a, "0"), (ns_b, "1")):
+        env = dict(os.environ, ACCORD_TIMEOUT="60")
+        if mode == "tcp":
+            env.update(ACCORD_TRANSPORT="tcp", EXPECT_HIER="0")
+        else:
+            env.update(ACCORD_TRANSPORT="auto", ACCORD_HOST_ID=ns, EXPECT_HIER="1")
         procs.append(subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes", "2",
              "--node-rank", node, "--master-addr", addr_a, "--master-port", port, "-n", "2",
