@@ -346,8 +346,14 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
     total = sum(b.nbytes for b in blocks)
     algo = choose("all_gather", total, g.size, g.options.algorithms)
 
+    mine_block = blocks[g.rank]
+    in_place = mine.arr.size and mine.arr.ctypes.data == mine_block.ctypes.data
+
     def own():
-        np.copyto(blocks[g.rank], mine.arr, casting="no")
+        # an input that is this rank's block of the output (all_gather_into_tensor in
+        # place, as sharded training does) is already where it belongs
+        if not in_place:
+            np.copyto(mine_block, mine.arr, casting="no")
 
     def body(c):
         if c is not None and algo is allgather.direct:

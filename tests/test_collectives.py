@@ -411,3 +411,18 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("all_reduce", 8, 4, {"all_reduce": "ring"}) is reduction.ring_allreduce
     with pytest.raises(ValueError, match="all_reduce"):
         choose("all_reduce", 8, 4, {"all_reduce": "nope"})
+
+
+def _gather_in_place(rank, world):
+    n = 5000
+    out = np.zeros(n * world, np.float32)
+    mine = out[rank * n:(rank + 1) * n]
+    mine[:] = np.arange(n) + 1000 * rank
+    dist.all_gather_into_tensor(out, mine)         # the input is this rank's own block
+    want = np.concatenate([np.arange(n) + 1000 * r for r in range(world)]).astype(np.float32)
+    return bool(np.array_equal(out, want))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_gather_into_tensor_in_place(world):
+    assert run_ranks(world, _gather_in_place, timeout=60) == [True] * world
