@@ -355,6 +355,14 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
         if not in_place:
             np.copyto(mine_block, mine.arr, casting="no")
 
+    if g.hier is not None and total >= hierarchy.MIN_BYTES["all_gather"]:
+        run = g.hier.all_gather(blocks, mine, own)
+
+        def body(c):
+            run(c)
+            _finish(*outs)
+        return _run(g, opname, body, async_op, timeout, _stamp(mine, count=total))
+
     def body(c):
         if c is not None and algo is allgather.direct:
             # peers copy this rank's block straight from the input while it copies its own

@@ -19,7 +19,7 @@ import numpy as np
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-host", type=int, default=2)
-    ap.add_argument("--sizes", default="1K,1M,16M")
+    ap.add_argument("--sizes", default="1K,1M,16M", help="bytes per rank")
     ap.add_argument("--blocks", type=int, default=7)
     args = ap.parse_args()
     rank = int(os.environ["RANK"])
@@ -35,9 +35,11 @@ def main():
     for s in args.sizes.split(","):
         nbytes = int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
         x = np.ones(nbytes // 4, np.float32)
+        gathered = np.empty(x.size * dist.get_world_size(), np.float32)
         reps = max(2, min(200, (64 << 20) // max(nbytes, 1) // 8))
         for name, fn in (("broadcast", lambda: dist.broadcast(x, src=0)),
                          ("all_reduce", lambda: dist.all_reduce(x)),
+                         ("all_gather", lambda: dist.all_gather_into_tensor(gathered, x)),
                          ("barrier", dist.barrier)):
             fn()
             times = []

@@ -50,7 +50,7 @@ def _collectives(rank, world, layout):
     real = dist.api._run
 
     def spy(group, opname, *a, **k):
-        calls.append(group.name)
+        calls.append(f"{opname} on {group.name}")
         return real(group, opname, *a, **k)
     dist.api._run = spy
     try:
@@ -66,6 +66,14 @@ def _collectives(rank, world, layout):
                 dist.all_reduce(x)
                 want = sum((np.arange(n) % 5 + r).astype(np.float64) for r in range(world))
                 assert np.array_equal(x, want.astype(dtype)), (n, dtype)
+            out = np.zeros(n * world, np.int32)
+            dist.all_gather_into_tensor(out, (np.arange(n) * (rank + 1)).astype(np.int32))
+            want = np.concatenate([np.arange(n) * (r + 1) for r in range(world)])
+            assert np.array_equal(out, want.astype(np.int32)), n
+            # uneven blocks, one tensor per rank
+            outs = [np.zeros(n + 1000 * r, np.float64) for r in range(world)]
+            dist.all_gather(outs, np.full(n + 1000 * rank, float(rank)))
+            assert all((o == r).all() for r, o in enumerate(outs)), n
             x = np.full(n, float(rank))
             dist.all_reduce(x, op=dist.ReduceOp.MAX)
             assert (x == world - 1).all()
@@ -100,12 +108,14 @@ def _collectives(rank, world, layout):
 @pytest.mark.parametrize("layout", LAYOUTS, ids="".join)
 def test_collectives_run_in_phases_and_agree(layout):
     out = run_ranks(len(layout), _collectives, layout, init=False, timeout=110)
-    for rank, groups in enumerate(out):
+    for rank, calls in enumerate(out):
         host = layout[rank]
-        assert f"default/host{list(dict.fromkeys(layout)).index(host)}" in groups or \
-            layout.count(host) == 1, groups
+        local = f"default/host{list(dict.fromkeys(layout)).index(host)}"
+        for phase in ("broadcast", "reduce", "gather"):
+            assert f"{phase} on {local}" in calls or layout.count(host) == 1, calls
         if rank == layout.index(host):
-            assert "default/leaders" in groups, groups
+            for phase in ("broadcast", "all_reduce", "all_gather"):
+                assert f"{phase} on default/leaders" in calls, calls
 
 
 def _killed(rank, world, layout):
