@@ -525,10 +525,17 @@ def _all_reduce_run(g, buf, op):
 
 def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, total_bytes):
     out = output
+    hier = g.hier is not None and total_bytes >= hierarchy.MIN_BYTES["reduce_scatter"]
 
     def body(c):
         work = fill()
         blocks = split(work, ins_counts)
+        if hier:
+            # in phases; the result arrives averaged where op is AVG
+            g.hier.reduce_scatter(work, blocks, out, op)(c)
+            np.copyto(out.arr, blocks[g.rank], casting="no")
+            out.finish()
+            return
         if c is not None:
             need = min(max(ins_counts) if ins_counts else 0, piece_elems(work.itemsize))
             ring_reduce_scatter(c, blocks, op, out.is_bf16, g.scratch(work.dtype, need))

@@ -40,6 +40,7 @@ def main():
         for name, fn in (("broadcast", lambda: dist.broadcast(x, src=0)),
                          ("all_reduce", lambda: dist.all_reduce(x)),
                          ("all_gather", lambda: dist.all_gather_into_tensor(gathered, x)),
+                         ("reduce_scatter", lambda: dist.reduce_scatter_tensor(x, gathered)),
                          ("barrier", dist.barrier)):
             fn()
             times = []
@@ -55,7 +56,7 @@ def main():
     if rank == 0:
         print(f"{mode}, {dist.get_world_size()} ranks, {args.per_host} per host")
         for name, s, us in rows:
-            print(f"  {name:10s} {s:>4s} {us:10.1f} us")
+            print(f"  {name:14s} {s:>4s} {us:10.1f} us")
     dist.destroy_process_group()
 
 

@@ -74,6 +74,19 @@ def _collectives(rank, world, layout):
             outs = [np.zeros(n + 1000 * r, np.float64) for r in range(world)]
             dist.all_gather(outs, np.full(n + 1000 * rank, float(rank)))
             assert all((o == r).all() for r, o in enumerate(outs)), n
+            inp = np.concatenate([np.arange(n) + 10 * r + rank for r in range(world)])
+            res = np.zeros(n, np.int64)
+            dist.reduce_scatter_tensor(res, inp.astype(np.int64))
+            want = sum(np.arange(n) + 10 * rank + q for q in range(world))
+            assert np.array_equal(res, want), n
+            avg = np.zeros(n)
+            dist.reduce_scatter_tensor(avg, np.full(n * world, float(rank)),
+                                       op=dist.ReduceOp.AVG)
+            assert np.allclose(avg, (world - 1) / 2), n
+            ins = [np.full(n + 1000 * r, float(rank + r)) for r in range(world)]
+            res = np.zeros(n + 1000 * rank)
+            dist.reduce_scatter(res, ins)                  # uneven blocks
+            assert (res == sum(q + rank for q in range(world))).all(), n
             x = np.full(n, float(rank))
             dist.all_reduce(x, op=dist.ReduceOp.MAX)
             assert (x == world - 1).all()
@@ -95,6 +108,11 @@ def _collectives(rank, world, layout):
             t = torch.full((1 << 14,), float(rank + 1), dtype=torch.bfloat16)
             dist.all_reduce(t, op=dist.ReduceOp.AVG)
             assert (t.float() == (world + 1) / 2).all(), t[:4]
+            per = (1 << 19) // world + 1                     # an input of 1 MiB or more
+            inp = torch.full((per * world,), float(rank + 1), dtype=torch.bfloat16)
+            res = torch.zeros(per, dtype=torch.bfloat16)
+            dist.reduce_scatter_tensor(res, inp, op=dist.ReduceOp.AVG)
+            assert (res.float() == (world + 1) / 2).all(), res[:4]
         # the flat collectives keep working on the same group
         out = [np.zeros(3) for _ in range(world)]
         dist.all_gather(out, np.full(3, float(rank)))
@@ -111,10 +129,10 @@ def test_collectives_run_in_phases_and_agree(layout):
     for rank, calls in enumerate(out):
         host = layout[rank]
         local = f"default/host{list(dict.fromkeys(layout)).index(host)}"
-        for phase in ("broadcast", "reduce", "gather"):
+        for phase in ("broadcast", "reduce", "gather", "scatter"):
             assert f"{phase} on {local}" in calls or layout.count(host) == 1, calls
         if rank == layout.index(host):
-            for phase in ("broadcast", "all_reduce", "all_gather"):
+            for phase in ("broadcast", "all_reduce", "all_gather", "reduce_scatter"):
                 assert f"{phase} on default/leaders" in calls, calls
 
 
