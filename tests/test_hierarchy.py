@@ -185,3 +185,32 @@ def test_different_roots_are_a_desync():
     for kind, (name, msg, took) in out:
         assert name in ("Desync", "PeerLost", "GroupClosed"), msg
         assert took < 10
+
+
+# -- through torch.distributed (backend "accord") ------------------------------------------
+
+def _torch_hier(rank, world, backend):
+    import torch
+    import torch.distributed as tdist
+    # groups made from here on see two hosts of two ranks
+    os.environ["ACCORD_HOST_ID"] = "ab"[rank // 2]
+    g = tdist.new_group(list(range(world)))
+    hier = g.accord_group.hier is not None if hasattr(g, "accord_group") else None
+    t = torch.full((1 << 18,), float(rank + 1))
+    tdist.all_reduce(t, group=g)
+    out = torch.zeros(world * (1 << 18))
+    tdist.all_gather_into_tensor(out, torch.full((1 << 18,), float(rank)), group=g)
+    b = torch.arange(1 << 17, dtype=torch.float64) if rank == 3 else torch.zeros(1 << 17,
+                                                                                dtype=torch.float64)
+    tdist.broadcast(b, src=3, group=g)
+    return (hier, float(t[0]), bool((t == t[0]).all()),
+            [float(out[r << 18]) for r in range(world)], bool((b == torch.arange(1 << 17)).all()))
+
+
+def test_torch_groups_spanning_hosts_are_hierarchical():
+    torch_ranks = pytest.importorskip("torch_ranks")
+    for r in torch_ranks.run_torch(4, _torch_hier, timeout=90):
+        hier, first, same, gathered, bcast = r["accord"]
+        assert hier is True
+        assert first == 10.0 and same
+        assert gathered == [0.0, 1.0, 2.0, 3.0] and bcast
