@@ -78,6 +78,16 @@ def check_host(r):
     except OSError as exc:
         r.line("WARN", f"hostname {name} does not resolve ({exc}); other hosts need "
                        "--master-addr / ACCORD_ADDR to reach this one")
+    from .options import Options
+    from .transport.factory import host_identity
+    try:
+        options = Options.from_env()
+    except ValueError:          # a bad ACCORD_* setting: the environment section says which
+        return
+    ident = host_identity(options)
+    r.line("INFO", f"host identity {ident}: ranks with the same one share memory, and "
+                   f"groups that span several run hierarchically"
+                   + ("" if options.host_id else " (ACCORD_HOST_ID overrides it)"))
 
 
 def check_shm(r):

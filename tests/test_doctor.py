@@ -28,6 +28,7 @@ def test_doctor_passes_here():
     assert "/dev/shm:" in out and "free" in out
     assert "loopback TCP: bound 127.0.0.1:" in out
     assert "ptrace_scope" in out
+    assert "host identity " in out                         # what decides shm vs TCP
     assert "lo" in out and "127.0.0.1" in out            # interfaces and addresses
     assert "torch" in out and "mpi4py" in out
     health = [l for l in out.splitlines() if "2 ranks, ACCORD_TRANSPORT=" in l]
@@ -46,3 +47,9 @@ def test_doctor_fails_on_bad_settings():
     assert any(l.strip().startswith("FAIL") and "ACCORD_TRANSPORT" in l
                for l in p.stdout.splitlines()), p.stdout
     assert "[health check]" not in p.stdout
+
+
+@pytest.mark.timeout(90)
+def test_doctor_shows_the_host_identity_override():
+    p = doctor(env_update={"ACCORD_HOST_ID": "rack3-node7"})
+    assert "host identity rack3-node7:" in p.stdout, p.stdout
