@@ -61,6 +61,22 @@ def _emit(obj):
 # Each adapter has rank, world, barrier(), max_over_ranks(list) -> list,
 # buffers(size) -> (ops dict, verify() -> bool), close().
 
+def _verify(done, rank, x, blocks, y, z):
+    """Whether the buffers hold what the ops in `done` leave there (any library:
+    numpy arrays or torch tensors). blocks: all_gather's per-rank results."""
+    ok = True
+    if "broadcast" in done:
+        ok &= bool((x == 1).all())
+    if "all_gather" in done:
+        for i, b in enumerate(blocks):
+            ok &= bool((b == (1 if "broadcast" in done else i + 1)).all())
+    if "scatter" in done:
+        ok &= bool((y == rank).all())
+    if "all_reduce" in done:
+        ok &= bool((z == 0).all())
+    return ok
+
+
 class AccordLib:
     name = "accord"
 
@@ -95,20 +111,7 @@ class AccordLib:
             "barrier": lambda: dist.barrier(),
         }
 
-        def verify(done):
-            ok = True
-            if "broadcast" in done:
-                ok &= bool((x == 1).all())
-            if "all_gather" in done:
-                want = 1 if "broadcast" in done else None
-                for i, g in enumerate(gl):
-                    ok &= bool((g == (want if want is not None else i + 1)).all())
-            if "scatter" in done:
-                ok &= bool((y == rank).all())
-            if "all_reduce" in done:
-                ok &= bool((z == 0).all())
-            return ok
-        return ops, verify
+        return ops, lambda done: _verify(done, rank, x, gl, y, z)
 
     def close(self):
         self.dist.destroy_process_group()
@@ -154,19 +157,7 @@ class GlooLib:
             "barrier": lambda: dist.barrier(),
         }
 
-        def verify(done):
-            ok = True
-            if "broadcast" in done:
-                ok &= bool((x == 1).all())
-            if "all_gather" in done:
-                for i, g in enumerate(gl):
-                    ok &= bool((g == (1 if "broadcast" in done else i + 1)).all())
-            if "scatter" in done:
-                ok &= bool((y == rank).all())
-            if "all_reduce" in done:
-                ok &= bool((z == 0).all())
-            return ok
-        return ops, verify
+        return ops, lambda done: _verify(done, rank, x, gl, y, z)
 
     def close(self):
         self.dist.barrier()
@@ -210,20 +201,7 @@ class MpiLib:
             "barrier": lambda: comm.Barrier(),
         }
 
-        def verify(done):
-            ok = True
-            if "broadcast" in done:
-                ok &= bool((x == 1).all())
-            if "all_gather" in done:
-                want = (np.ones(numel * world, np.float32) if "broadcast" in done
-                        else np.arange(1, world + 1, dtype=np.float32).repeat(numel))
-                ok &= bool((gl == want).all())
-            if "scatter" in done:
-                ok &= bool((y == rank).all())
-            if "all_reduce" in done:
-                ok &= bool((zr == 0).all())
-            return ok
-        return ops, verify
+        return ops, lambda done: _verify(done, rank, x, gl.reshape(world, numel), y, zr)
 
     def close(self):
         self.comm.Barrier()
