@@ -317,10 +317,9 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, time
         return None
     root = _root(g, src, group_src, "src")
     buf = as_buf(tensor, "tensor", writable=g.rank != root)   # the root only reads
-    if g.hier is not None and buf.nbytes >= hierarchy.MIN_BYTES["broadcast"]:
-        run, stamp = g.hier.broadcast(buf, root), _stamp(buf, root, count=buf.nbytes)
-    else:
-        run, stamp = _broadcast_run(g, buf, root)
+    run, stamp = _broadcast_run(g, buf, root)
+    if hierarchy.phased(g, "broadcast", buf.nbytes):
+        run = g.hier.broadcast(buf, root)
 
     def body(c):
         run(c)
@@ -355,7 +354,7 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
         if not in_place:
             np.copyto(mine_block, mine.arr, casting="no")
 
-    if g.hier is not None and total >= hierarchy.MIN_BYTES["all_gather"]:
+    if hierarchy.phased(g, "all_gather", total):
         run = g.hier.all_gather(blocks, mine, own)
 
         def body(c):
@@ -498,10 +497,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None
     op = as_reduce_op(op)
     buf = as_buf(tensor, "tensor")
     check_op(op, buf)
-    if g.hier is not None and buf.nbytes >= hierarchy.MIN_BYTES["all_reduce"]:
-        run, stamp = g.hier.all_reduce(buf, op), _stamp(buf, -1, op, buf.nbytes)
-    else:
-        run, stamp = _all_reduce_run(g, buf, op)
+    run, stamp = _all_reduce_run(g, buf, op)
+    if hierarchy.phased(g, "all_reduce", buf.nbytes):
+        run = g.hier.all_reduce(buf, op)
 
     def body(c):
         run(c)
@@ -525,7 +523,7 @@ def _all_reduce_run(g, buf, op):
 
 def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, total_bytes):
     out = output
-    hier = g.hier is not None and total_bytes >= hierarchy.MIN_BYTES["reduce_scatter"]
+    hier = hierarchy.phased(g, "reduce_scatter", total_bytes)
 
     def body(c):
         work = fill()

@@ -37,6 +37,12 @@ MIN_BYTES = {"broadcast": 256 << 10, "all_reduce": 16 << 10, "all_gather": 1 << 
              "reduce_scatter": 1 << 20}
 
 
+def phased(group, op, nbytes):
+    """Whether `op` of nbytes on group runs in phases (the group spans hosts and the
+    call is large enough). Every rank decides alike where sizes agree."""
+    return group.hier is not None and nbytes >= MIN_BYTES[op]
+
+
 def wanted(hosts):
     """Whether a group with these member hosts (in group-rank order) gains from it."""
     distinct = set(hosts)
@@ -123,7 +129,7 @@ class Hierarchy:
                     fast = c.collective("broadcast_many")
                     if fast is None or not fast(c, bufs, 0):
                         for b in bufs:
-                            api._broadcast_run(sub, _Flat(b), 0)[0](c)
+                            api._broadcast_run(sub, _View(b), 0)[0](c)
             return body, api._stamp(mine, 0, count=sum(b.nbytes for b in bufs))
 
         def run(c):
@@ -200,21 +206,16 @@ class Hierarchy:
 
 
 class _View:
-    """A contiguous array seen as a Buf of the same element type as `like`."""
+    """A contiguous array seen as a Buf: of the same element type as `like`, or of
+    plain bytes (like=None) where only the bytes move."""
 
-    def __init__(self, arr, like):
+    def __init__(self, arr, like=None):
         self.arr, self.nbytes, self.numel, self.itemsize = arr, arr.nbytes, arr.size, \
             arr.itemsize
-        self.dtype_code, self.dtype_name, self.shape = like.dtype_code, like.dtype_name, None
-        self.is_bf16 = like.is_bf16
-
-
-class _Flat:
-    """What api._broadcast_run needs of a buffer, for a plain block of bytes."""
-
-    def __init__(self, arr):
-        self.arr, self.nbytes = arr, arr.nbytes
-        self.dtype_code, self.dtype_name, self.shape = 0, "", None
+        self.dtype_code = like.dtype_code if like is not None else 0
+        self.dtype_name = like.dtype_name if like is not None else ""
+        self.is_bf16 = like.is_bf16 if like is not None else False
+        self.shape = None
 
 
 def build(group, hosts, store, addr, timeout):
