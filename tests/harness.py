@@ -45,6 +45,17 @@ def _child(rank, world, port, env, fn, args, conn, init):
         os._exit(0)
 
 
+def timed(fn):
+    """(error type name or "ok", message, seconds) of calling fn(): what a rank reports
+    about a call that should fail fast."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "ok", "", time.monotonic() - t0
+
+
 def run_ranks(world, fn, *args, timeout=60, env=None, init=True, expect_fail=False):
     """Run fn(rank, world, *args) on `world` ranks; return the per-rank results.
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import accord as dist
-from harness import run_ranks
+from harness import run_ranks, timed as _timed
 
 pytestmark = pytest.mark.timeout(120)
 HERE = "test_desync.py:"
@@ -15,15 +15,6 @@ HERE = "test_desync.py:"
 def env(request):
     """Every test runs over both transports: the messages must not depend on the wire."""
     return {"ACCORD_TRANSPORT": request.param}
-
-
-def _timed(fn):
-    t0 = time.monotonic()
-    try:
-        fn()
-    except Exception as e:
-        return type(e).__name__, str(e), time.monotonic() - t0
-    return "ok", "", time.monotonic() - t0
 
 
 def _errors(out):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import accord as dist
-from harness import run_ranks
+from harness import run_ranks, timed as _timed
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -16,15 +16,6 @@ pytestmark = pytest.mark.timeout(90)
 def transport(request):
     """Run over both transports: what a user sees must not depend on the wire."""
     return {"ACCORD_TRANSPORT": request.param}
-
-
-def _timed(fn):
-    t0 = time.monotonic()
-    try:
-        fn()
-    except Exception as e:
-        return type(e).__name__, str(e), time.monotonic() - t0
-    return "ok", "", time.monotonic() - t0
 
 
 def _exit_before_allreduce(rank, world, how):
