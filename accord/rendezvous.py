@@ -81,7 +81,9 @@ def master_address(env=None):
     if job is None:
         raise ValueError("init_process_group(init_method='env://'): MASTER_PORT is not set; "
                          "start the script with `accord run`, or set MASTER_ADDR and MASTER_PORT")
-    return addr, 20000 + zlib.crc32(job.encode()) % 30000
+    # below Linux's ephemeral range (32768 up), where a local client's own source
+    # port may be the one it dials
+    return addr, 20000 + zlib.crc32(job.encode()) % 12768
 
 
 def make_store(init_method, rank, world_size, timeout, launcher_store, env=None):

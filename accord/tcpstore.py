@@ -340,6 +340,11 @@ class TCPStore(Store):
                     f"MASTER_ADDR/MASTER_PORT right?")
             try:
                 sock = socket.create_connection((host, port), timeout=min(remaining, 10.0))
+                if sock.getsockname() == sock.getpeername():
+                    # a local port nobody listens on yet, picked as this socket's own
+                    # ephemeral port: TCP connects the socket to itself
+                    sock.close()
+                    raise ConnectionRefusedError("connected to itself (master not up yet)")
                 break
             except OSError as e:    # refused (master not up yet), unreachable, DNS
                 last = e

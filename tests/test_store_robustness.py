@@ -134,3 +134,28 @@ def test_launcher_generates_a_token(tmp_path):
     r = subprocess.run([sys.executable, "-m", "accord", "run", "-n", "2", str(script)],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_client_connected_to_itself_retries(server, monkeypatch):
+    # dialling a local port nobody listens on yet can pick that very port as the source:
+    # TCP then connects the socket to itself, which must count as "not up yet"
+    import accord.tcpstore as tcpstore
+    real = socket.create_connection
+    selfies = []
+
+    def first_to_itself(addr, timeout=None):
+        if not selfies:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.connect(s.getsockname())
+            selfies.append(s)
+            return s
+        return real(addr, timeout=timeout)
+    monkeypatch.setattr(tcpstore.socket, "create_connection", first_to_itself)
+    c = TCPStore("127.0.0.1", server.port, timeout=5, token="")
+    try:
+        c.set("k", b"v")
+        assert c.get("k") == b"v"
+    finally:
+        c.close()
+    assert selfies and selfies[0].fileno() == -1        # the self-connected socket was dropped
