@@ -1,16 +1,19 @@
-"""`accord bench`: time accord's collectives, side by side with torch's gloo and MPI.
+"""`accord bench`: time accord's collectives and point-to-point, side by side with gloo and MPI.
 
-    accord bench -n 2 --ops broadcast,all_gather,scatter,all_reduce \\
+    accord bench -n 2 --ops broadcast,all_gather,scatter,all_reduce,pingpong,p2p_bw \\
                  --sizes 8,1K,64K,1M,16M,64M [--compare gloo,mpi] [--csv out.csv] [--plot out.png]
 
-For every world size (-n 2,4 gives one table each) the ranks of every library
-are started here: accord's and gloo's by `accord run` (gloo rendezvous with
-env:// on loopback, GLOO_SOCKET_IFNAME=lo), MPI's by the mpiexec next to this
-Python (mpi4py + MPICH), each library only where it is installed.  Every rank
-runs accord.bench_worker, which times the collectives with the anchors' method
-(../shared/anchors/bench_gloo.py): warm-up, then timed blocks of ops each
-preceded by a barrier, the max over ranks of each block, the median block;
-busbw with nccl-tests' factors.  A barrier row gives barrier latency.
+For every world size (-n 2,4 gives one table each) the ranks of every library are
+started here: accord's and gloo's by `accord run` (gloo rendezvous with env:// on
+loopback, GLOO_SOCKET_IFNAME=lo), MPI's by the mpiexec next to this Python (mpi4py +
+MPICH), each library only where it is installed.  Every rank runs
+accord.bench_worker, which times the ops with the anchor benchmarks' method: warm-
+up, then timed blocks of ops each preceded by a barrier, the max over ranks of each
+block, the median block; busbw with nccl-tests' factors.  A barrier row gives
+barrier latency.  The point-to-point ops, between ranks 0 and 1, are the OSU
+benchmarks' (accord.bench_p2p): pingpong is osu_latency (half a blocking round
+trip), p2p_bw is osu_bw (a window of isends matched by irecvs, then an ack; bytes
+one way per second).
 """
 import csv
 import importlib.util
@@ -26,14 +29,15 @@ import tempfile
 import threading
 import time
 
-from accord.bench_worker import OPS, PREFIX, algbw_bytes, bus_factor
+from accord.bench_p2p import P2P_OPS
+from accord.bench_worker import ALL_OPS, OPS, PREFIX, algbw_bytes, bus_factor
 
 DEFAULT_SIZES = "8,1K,64K,1M,16M,64M"
 QUICK_SIZES = "8,1K,64K"
 LIB_NAMES = {"gloo": "gloo", "mpi": "mpi", "mpich": "mpi"}
 CSV_FIELDS = ["lib", "world", "op", "size_bytes", "lat_us", "algbw_GBps", "busbw_GBps",
               "op_p50_us", "blk_min_us", "iters", "blocks", "verified", "transport",
-              "glibc_tunables", "repeats", "peak_rss_MiB"]
+              "glibc_tunables", "repeats", "peak_rss_MiB", "msgs_per_iter"]
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
           "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -77,7 +81,9 @@ def add_arguments(parser):
                         help="ranks per run; several world sizes give one table each "
                              "(default 2)")
     parser.add_argument("--ops", default=",".join(OPS),
-                        help=f"collectives to time (default {','.join(OPS)})")
+                        help=f"ops to time, of {','.join(ALL_OPS)} (default "
+                             f"{','.join(OPS)}; pingpong and p2p_bw are point-to-point "
+                             "between ranks 0 and 1)")
     parser.add_argument("--sizes", default=None,
                         help=f"bytes of each rank's float32 tensor, K/M/G binary units "
                              f"(default {DEFAULT_SIZES}; {QUICK_SIZES} with --quick)")
@@ -150,10 +156,13 @@ class Settings:
     def __init__(self, args):
         self.worlds = _int_list(args.worlds, "-n")
         self.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-        bad = [o for o in self.ops if o not in OPS]
+        bad = [o for o in self.ops if o not in ALL_OPS]
         if bad or not self.ops:
             raise ValueError(f"--ops: unknown {', '.join(bad) or '(none given)'}; "
-                             f"choose from {', '.join(OPS)}")
+                             f"choose from {', '.join(ALL_OPS)}")
+        p2p = [o for o in self.ops if o in P2P_OPS]
+        if p2p and min(self.worlds) < 2:
+            raise ValueError(f"--ops {','.join(p2p)}: point-to-point needs -n 2 or more")
         sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
         self.sizes = sorted({parse_size(s) for s in sizes.split(",") if s.strip()})
         if not self.sizes:
@@ -492,6 +501,17 @@ def format_markdown(header, lines):
 
 LEGEND = ("lat us: median over blocks of the slowest rank's mean op time; algbw/busbw: GB/s "
           "(nccl-tests factors); lat accord/X < 1 and busbw accord/X > 1 mean accord is faster")
+P2P_LEGEND = ("pingpong: lat = half a blocking send/recv round trip between ranks 0 and 1 "
+              "(osu_latency); p2p_bw: lat = a window's time (isends on rank 0, matching "
+              "irecvs on rank 1, then a 4-byte ack) over its messages (64, or 4 above 1 MiB), "
+              "busbw = algbw = bytes one way per second (osu_bw).")
+
+
+def legend(settings):
+    """The legend under the tables (with the p2p rows' meaning when there are any)."""
+    if any(op in P2P_OPS for op in settings.ops):
+        return LEGEND + ".  \n" + P2P_LEGEND
+    return LEGEND
 
 
 def write_csv(path, rows):
@@ -503,6 +523,8 @@ def write_csv(path, rows):
             out = dict(r)
             for k in ("lat_us", "op_p50_us", "blk_min_us"):
                 out[k] = f"{r[k]:.2f}"
+            if r.get("msgs_per_iter") is None:
+                out["msgs_per_iter"] = ""
             if r.get("peak_rss_MiB") is not None:
                 out["peak_rss_MiB"] = f"{r['peak_rss_MiB']:.1f}"
             for k in ("algbw_GBps", "busbw_GBps"):
@@ -625,7 +647,9 @@ def main(args):
     nt = nt_threshold()
     head = [f"# {command_line()}",
             f"# method: anchors' (warm-up; blocks of ops, barrier before each; max over ranks; "
-            f"median block){'; --quick plan' if settings.quick else ''}",
+            f"median block){'; --quick plan' if settings.quick else ''}"
+            + ("; p2p ops the OSU way (osu_latency, osu_bw) between ranks 0 and 1"
+               if any(op in P2P_OPS for op in settings.ops) else ""),
             "# libraries: " + "; ".join(describe_lib(l, settings) for l in libs)
             + "".join(f"; {l}: skipped ({why})" for l, why in skipped),
             f"# GLIBC_TUNABLES={settings.glibc}"
@@ -680,7 +704,7 @@ def main(args):
         md.append((world, mh, ml))
     end_load = _load()
     print(f"\n# load average at the end: {end_load}", flush=True)
-    print("\n" + LEGEND, flush=True)
+    print("\n" + legend(settings).replace("  \n", "\n"), flush=True)
 
     if settings.csv:
         write_csv(settings.csv, all_rows)
@@ -692,7 +716,7 @@ def main(args):
             f.write("\n".join(h.lstrip("# ") for h in head[1:]) .replace("\n", "  \n") + "\n")
             for world, mh, ml in md:
                 f.write(f"\n### world {world}\n\n" + format_markdown(mh, ml) + "\n")
-            f.write(f"\nLoad average at the end: {end_load}.  \n" + LEGEND + "\n")
+            f.write(f"\nLoad average at the end: {end_load}.  \n" + legend(settings) + "\n")
         progress.say(f"wrote {settings.markdown}")
     if settings.plot and all_rows:
         write_plot(settings.plot, all_rows, settings)

@@ -5,18 +5,21 @@ Started by accord.bench, never by hand:
     accord run -n N -m accord.bench_worker --lib accord|gloo ...     (accord, torch gloo)
     mpiexec -n N python -m accord.bench_worker --lib mpi ...         (mpi4py + MPICH)
 
-The method is the anchors' (../shared/anchors/bench_gloo.py, bench_mpi.py),
-unchanged: for every size, allocate the buffers; for every op, warm up, then
-BLOCKS timed blocks of ITERS ops, each block preceded by a barrier; a block's
-time is its mean op time; the max over ranks of every block time (and of each
-rank's median single-op time) is taken with an all_reduce(MAX); the reported
-latency is the median block.  size = bytes of each rank's float32 tensor;
-busbw uses nccl-tests' factors.
+The method is the anchor benchmarks' (bench_gloo.py, bench_mpi.py), unchanged:
+for every size, allocate the buffers; for every op, warm up, then BLOCKS timed
+blocks of ITERS ops, each block preceded by a barrier; a block's time is its
+mean op time; the max over ranks of every block time (and of each rank's
+median single-op time) is taken with an all_reduce(MAX); the reported latency
+is the median block.  size = bytes of each rank's float32 tensor; busbw uses
+nccl-tests' factors.  The point-to-point ops (pingpong, p2p_bw: see
+accord.bench_p2p) run in the same loop, one op being one round trip or one
+window, and their latency is divided by the messages that op moves.
 
 Rank 0 writes lines that start with PREFIX on stdout, one JSON object each:
 {"progress": "..."} before each measurement, {"row": {...}} after it.  After
 the timing of each size, every result is checked (broadcast/all_gather/scatter
-/all_reduce wrote what they should), and the row says so in "verified".
+/all_reduce wrote what they should, every p2p receive buffer holds its
+sender's pattern), and the row says so in "verified".
 """
 import argparse
 import json
@@ -25,8 +28,11 @@ import statistics
 import sys
 import time
 
+from accord.bench_p2p import P2P_OPS, MpiStyle, TorchStyle, messages_per_call, p2p_ops
+
 PREFIX = "@@accord-bench "
 OPS = ("broadcast", "all_gather", "scatter", "all_reduce")
+ALL_OPS = OPS + P2P_OPS
 BARRIER_SIZE = 8          # the barrier row is timed with the plan of an 8-byte op
 
 
@@ -44,11 +50,13 @@ def plan(size, quick=False):
 def bus_factor(op, n):
     """nccl-tests: busbw = algbw * factor."""
     return {"broadcast": 1.0, "all_gather": (n - 1) / n, "scatter": (n - 1) / n,
-            "all_reduce": 2 * (n - 1) / n, "barrier": 0.0}[op]
+            "all_reduce": 2 * (n - 1) / n, "barrier": 0.0,
+            "pingpong": 1.0, "p2p_bw": 1.0}[op]
 
 
 def algbw_bytes(op, size, world):
-    """nccl-tests' S: the bytes an op is said to move (all_gather/scatter: the whole buffer)."""
+    """nccl-tests' S: the bytes an op is said to move (all_gather/scatter: the whole buffer;
+    pingpong/p2p_bw: one message, their latency being per message)."""
     return size * world if op in ("all_gather", "scatter") else size
 
 
@@ -59,7 +67,8 @@ def _emit(obj):
 
 # --------------------------------------------------------------------------- the libraries
 # Each adapter has rank, world, barrier(), max_over_ranks(list) -> list,
-# buffers(size) -> (ops dict, verify() -> bool), close().
+# buffers(size) -> (ops dict, verify() -> bool), p2p(size) -> the same for
+# the point-to-point ops, close().
 
 def _verify(done, rank, x, blocks, y, z):
     """Whether the buffers hold what the ops in `done` leave there (any library:
@@ -113,6 +122,9 @@ class AccordLib:
 
         return ops, lambda done: _verify(done, rank, x, gl, y, z)
 
+    def p2p(self, size):
+        return p2p_ops(TorchStyle(self.dist, lambda a: a), self.rank, self.world, size)
+
     def close(self):
         self.dist.destroy_process_group()
 
@@ -159,6 +171,10 @@ class GlooLib:
 
         return ops, lambda done: _verify(done, rank, x, gl, y, z)
 
+    def p2p(self, size):
+        return p2p_ops(TorchStyle(self.dist, self.torch.from_numpy), self.rank, self.world,
+                       size)
+
     def close(self):
         self.dist.barrier()
         self.dist.destroy_process_group()
@@ -202,6 +218,9 @@ class MpiLib:
         }
 
         return ops, lambda done: _verify(done, rank, x, gl.reshape(world, numel), y, zr)
+
+    def p2p(self, size):
+        return p2p_ops(MpiStyle(self.comm, self.MPI), self.rank, self.world, size)
 
     def close(self):
         self.comm.Barrier()
@@ -274,29 +293,43 @@ def run(lib, ops, sizes, quick, barrier):
             _emit({"row": row(lib, "barrier", 0, med, p50, bmin, iters, blocks, True)})
     for size in sizes:
         say(f"allocating {size} B")
-        ops_fn, verify = lib.buffers(size)
+        ops_fn, checks = {}, []
+        if any(op in OPS for op in ops):
+            fns, verify = lib.buffers(size)
+            ops_fn.update(fns)
+            checks.append(verify)
+        if any(op in P2P_OPS for op in ops):
+            fns, verify = lib.p2p(size)
+            ops_fn.update(fns)
+            checks.append(verify)
         warm, iters, blocks = plan(size, quick)
         done, pending = [], []
         for op in ops:
             say(f"{op} {size} B")
             med, p50, bmin = measure(lib, ops_fn[op], warm, iters, blocks)
+            if op in P2P_OPS:                  # one call moves several messages
+                k = messages_per_call(op, size)
+                med, p50, bmin = med / k, p50 / k, bmin / k
             done.append(op)
             pending.append((op, med, p50, bmin))
         # results are checked after every op of this size has run (as the anchors
         # run them, one after the other on the same buffers), on every rank
-        bad, rss = lib.max_over_ranks([0.0 if verify(done) else 1.0, _peak_rss_mib()])
+        ok = all(verify(done) for verify in checks)
+        bad, rss = lib.max_over_ranks([0.0 if ok else 1.0, _peak_rss_mib()])
         for op, med, p50, bmin in pending:
             if rank0:
                 r = row(lib, op, size, med, p50, bmin, iters, blocks, bad == 0.0)
                 r["peak_rss_MiB"] = rss
+                if op in P2P_OPS:
+                    r["msgs_per_iter"] = messages_per_call(op, size)
                 _emit({"row": r})
-        del ops_fn, verify
+        del ops_fn, checks
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m accord.bench_worker")
     ap.add_argument("--lib", choices=sorted(LIBS), required=True)
-    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--ops", default=",".join(OPS), help=f"of {','.join(ALL_OPS)}")
     ap.add_argument("--sizes", required=True, help="bytes, comma-separated")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-barrier", dest="barrier", action="store_false")
