@@ -28,6 +28,7 @@ def read_csv(path):
 
 
 def check_rows(rows, lib, ops, sizes, world=2):
+    """Every (op, size) and the barrier row of `lib`, each plausible and verified."""
     mine = [r for r in rows if r["lib"] == lib]
     want = {(op, s) for op in ops for s in sizes} | {("barrier", 0)}
     assert {(r["op"], int(r["size_bytes"])) for r in mine} == want
@@ -54,7 +55,8 @@ def test_sizes_parse():
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("args", [["--sizes", "6"], ["--ops", "broadcast,frobnicate"],
-                                  ["--compare", "nccl"], ["-n", "0"], ["--repeat", "0"]])
+                                  ["--compare", "nccl"], ["-n", "0"], ["--repeat", "0"],
+                                  ["-n", "1", "--ops", "pingpong"]])
 def test_bad_arguments(args, capsys):
     from accord.cli import main
     assert main(["bench", "--quick", *args]) == 2       # rejected before any rank starts
@@ -124,3 +126,92 @@ def test_merge_runs_takes_the_median():
     (row,) = merge_runs(runs)
     assert row["lat_us"] == 200.0 and row["repeats"] == 3
     assert abs(row["busbw_GBps"] - (1 << 20) / 200e-6 / 1e9) < 1e-9
+
+
+P2P = ["pingpong", "p2p_bw"]
+
+
+def available(lib):
+    from accord.bench import availability
+    return availability(lib) is None
+
+
+@pytest.mark.timeout(90)
+def test_quick_p2p_compare(tmp_path):
+    """pingpong and p2p_bw rows for accord and every comparison library installed here,
+    verified, in the table (ratio columns), the CSV and the markdown."""
+    others = [lib for lib in ("gloo", "mpi") if available(lib)]
+    out, md = tmp_path / "out.csv", tmp_path / "table.md"
+    extra = ["--compare", ",".join(others)] if others else []
+    p = bench("--quick", "-n", "2", "--ops", ",".join(P2P), "--sizes", "8,1K",
+              "--csv", str(out), "--markdown", str(md), *extra, timeout=80)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    body = [l.split() for l in lines if l.startswith(("pingpong ", "p2p_bw "))]
+    assert len(body) == 4
+    if others:
+        for cells in body:                       # ratio columns end every data row
+            assert all(float(c.rstrip("x")) > 0 for c in cells[-2 * len(others):])
+    assert "osu_latency" in p.stdout and "osu_bw" in p.stdout   # the legend says how
+    rows = read_csv(out)
+    labels = ["accord"] + [{"mpi": "mpich"}.get(o, o) for o in others]
+    for lib in labels:
+        check_rows(rows, lib, P2P, [8, 1024])
+        for r in rows:
+            if r["lib"] == lib and r["op"] in P2P:
+                assert int(r["msgs_per_iter"]) == (2 if r["op"] == "pingpong" else 64)
+                assert r["algbw_GBps"] == r["busbw_GBps"]
+    text = md.read_text()
+    assert "| pingpong | 8 B |" in text and "| p2p_bw | 1 KiB |" in text
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_quick_p2p_accord_world3(tmp_path, transport):
+    """accord's p2p rows over each transport, at world 3 (rank 2 only joins the barriers),
+    with a message above 1 MiB (window of 4) next to a collective on the same size."""
+    out = tmp_path / "out.csv"
+    p = bench("--quick", "-n", "3", "--transport", transport, "--ops", "pingpong,p2p_bw,broadcast",
+              "--sizes", "8,2M", "--csv", str(out), timeout=80)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = read_csv(out)
+    check_rows(rows, "accord", P2P + ["broadcast"], [8, 2 << 20], world=3)
+    assert {r["transport"] for r in rows} == {transport}
+    bw = [r for r in rows if r["op"] == "p2p_bw" and r["size_bytes"] == str(2 << 20)]
+    assert int(bw[0]["msgs_per_iter"]) == 4
+
+
+class _Loopback:
+    """A fake endpoint for one rank: receives deliver `incoming` (or garbage)."""
+
+    def __init__(self, incoming):
+        self.incoming, self.to_buf = incoming, lambda a: a
+
+    def send(self, buf, peer, tag):
+        pass
+
+    def recv(self, buf, peer, tag):
+        buf[:] = self.incoming if buf.size == self.incoming.size else 3.0
+
+    isend = send
+
+    def irecv(self, buf, peer, tag):
+        self.recv(buf, peer, tag)
+
+    def wait_all(self, works):
+        pass
+
+
+def test_p2p_verify_catches_wrong_data():
+    import numpy as np
+    from accord.bench_p2p import p2p_ops, pattern
+    numel = 256
+    for incoming, want in ((pattern(numel, 0), True), (pattern(numel, 1), False),
+                           (np.zeros(numel, np.float32), False)):
+        ops, verify = p2p_ops(_Loopback(incoming), 1, 2, numel * 4)
+        assert verify([]) is True                # nothing checked before an op has run
+        ops["pingpong"]()
+        ops["p2p_bw"]()
+        assert verify(P2P) is want
+    ops, verify = p2p_ops(_Loopback(pattern(numel, 0)), 2, 3, numel * 4)   # idle rank
+    assert ops["pingpong"]() is None and verify(P2P) is True
