@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_torch_backend.py --world 2 \\
         [--sizes 8,1K,64K,1M,16M,64M] [--repeat 3] [--csv out.csv] [--markdown out.md]
 
-The method is the anchors' (../shared/anchors/bench_gloo.py): ranks started
+The method is accord bench's (warm-up, barrier-led blocks): ranks started
 with torch.multiprocessing.spawn; for every (op, size) a warm-up, then timed
 blocks of ITERS ops each preceded by a barrier; a block's time is the max
 over ranks; the row is the median block / ITERS; busbw with nccl-tests'

@@ -4,10 +4,10 @@
 
 Prints 8-byte broadcast and barrier latency (µs, mean over many calls, the
 slowest rank) and broadcast / all_gather / all_reduce (float32) algorithm
-bandwidth for each transport (GB/s, nccl-tests' algbw as in ../shared/anchors:
+bandwidth for each transport (GB/s, nccl-tests' algbw:
 buffer bytes / time, all_gather counting its whole output; the slowest rank).
 Sizes are per rank.
-memcpy speed depends on GLIBC_TUNABLES (see ../shared/notes/machine-limits.md);
+memcpy speed depends on GLIBC_TUNABLES (glibc's x86_non_temporal_threshold);
 the setting in effect is printed.
 """
 import argparse
