@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from .buffers import BF16_CODE, is_torch_tensor
+from .buffers import BF16_CODE, is_torch_tensor, torch_ndarray
 
 DEFAULT_BUCKET_BYTES = 25 << 20
 
@@ -52,13 +52,13 @@ def _torch_view(obj, name):
         raise TypeError(f"{_name(name)}: tensor on device {obj.device} is not supported by "
                         f"accord's core; move it to the CPU")
     t = obj.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), BF16_CODE, "bfloat16"
     try:
-        arr = t.numpy()
-    except (TypeError, RuntimeError) as e:
+        arr = torch_ndarray(t)
+    except TypeError as e:
         raise TypeError(f"{_name(name)}: torch dtype {t.dtype} cannot cross a buffer: "
                         f"{e}") from None
+    if t.dtype is torch.bfloat16:
+        return arr, BF16_CODE, "bfloat16"
     return arr, arr.dtype.num, _dtype_name(arr.dtype)
 
 
@@ -111,7 +111,7 @@ class Bucket:
         if self.direct:
             return self.views[0].reshape(-1)
         if self.code == BF16_CODE:
-            return self.array.view(sys.modules["torch"].int16).numpy()
+            return torch_ndarray(self.array)
         return self.array
 
     def _pairs(self):

@@ -58,6 +58,59 @@ class Buf:
         return f"{self.dtype_name}{list(self.shape)}"
 
 
+class _Capsule:
+    """What np.from_dlpack takes: an object that exports one CPU tensor through DLPack."""
+    __slots__ = ("t",)
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return _TO_DLPACK(self.t)
+
+    def __dlpack_device__(self):
+        return (1, 0)           # kDLCPU
+
+
+_TO_DLPACK = None
+_TORCH = None         # (strided layout, bfloat16, int16) once torch is imported
+_from_dlpack = np.from_dlpack
+
+
+def torch_ndarray(t):
+    """A numpy array sharing CPU tensor t's memory (same shape and strides).
+
+    Seen through DLPack, not Tensor.numpy(): numpy() marks the tensor's storage
+    non-resizable for good, which breaks code that frees and regrows storage
+    (FSDP's `storage.resize_(0)`), while a DLPack view leaves the storage as it was.
+    t must not require grad. bfloat16 is returned as its int16 bits. Raises
+    TypeError for dtypes numpy has no type for, for layouts other than strided,
+    and for tensors with the conjugate or negative bit set (their memory is not
+    their value).
+    """
+    global _TO_DLPACK, _TORCH
+    if _TORCH is None:
+        torch = sys.modules["torch"]
+        # torch's own capsule maker, without Tensor.__dlpack__'s Python checks (2 us a
+        # call; the ones that matter here are made below), and the versioned capsule:
+        # numpy makes arrays from the old kind read-only
+        _TO_DLPACK = (getattr(torch._C, "_to_dlpack_versioned", None)
+                      or (lambda x: x.__dlpack__(max_version=(1, 0))))
+        _TORCH = (torch.strided, torch.bfloat16, torch.int16)
+    strided, bf16, int16 = _TORCH
+    if t.layout is not strided:
+        raise TypeError(f"{t.layout} tensors have no single buffer")
+    if t.is_neg() or t.is_conj():
+        raise TypeError(f"tensor has its {'conjugate' if t.is_conj() else 'negative'} bit "
+                        f"set; call resolve_conj()/resolve_neg() first")
+    if t.dtype is bf16:
+        t = t.view(int16)
+    try:
+        return _from_dlpack(_Capsule(t))
+    except (RuntimeError, TypeError, BufferError) as e:
+        raise TypeError(f"torch dtype {t.dtype} has no numpy equivalent ({e})") from None
+
+
 def is_torch_tensor(obj):
     mod = type(obj).__module__
     return mod.split(".")[0] in _TORCH_MODULES and hasattr(obj, "data_ptr")
@@ -70,7 +123,7 @@ def _from_torch(t, name, writable):
                         f"core; move it to the CPU or use the torch backend (accord.torch)")
     orig = t
     if t.requires_grad:
-        t = t.detach()              # numpy() refuses tensors that record gradients
+        t = t.detach()              # a tensor that records gradients is exported detached
     writeback = None
     if not t.is_contiguous():
         t = t.contiguous()
@@ -79,13 +132,10 @@ def _from_torch(t, name, writable):
                 with torch.no_grad():
                     dst.copy_(src)
     is_bf16 = t.dtype is torch.bfloat16
-    if is_bf16:
-        arr = t.view(torch.int16).numpy()
-    else:
-        try:
-            arr = t.numpy()
-        except (TypeError, RuntimeError) as e:
-            raise TypeError(f"{name}: torch dtype {t.dtype} cannot cross a buffer: {e}") from None
+    try:
+        arr = torch_ndarray(t)
+    except TypeError as e:
+        raise TypeError(f"{name}: torch dtype {t.dtype} cannot cross a buffer: {e}") from None
     # the array's own shape is the tensor's: no torch.Size to tuple conversion
     return Buf(arr, arr.shape, writeback, is_bf16)
 

@@ -323,6 +323,22 @@ def _timeout(opts):
 
 # -- the process group ---------------------------------------------------------------
 
+def _mark_cpu(pg):
+    """Declare the CPU device type on a Python group, with no backend object behind it.
+
+    torch asks a group which device types it serves (`group._device_types`): sharded
+    state dicts (FSDP's ShardedTensor, through _get_pg_default_device), async
+    checkpoint saves and a few more refuse a group that names none. A real torch
+    Backend cannot be made from Python in torch 2.13 (`torch._C._distributed_c10d.
+    Backend` has no constructor a subclass can call), so the device type is
+    registered alone; `group._get_backend(cpu)` still raises, as before.
+    """
+    try:
+        pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, None)
+    except (AttributeError, TypeError, RuntimeError):     # a torch without the hook
+        pass
+
+
 class AccordProcessGroup(dist.ProcessGroup):
     """A torch.distributed ProcessGroup whose every operation runs on accord."""
 
@@ -333,6 +349,7 @@ class AccordProcessGroup(dist.ProcessGroup):
         self._size = size
         self._group_name = ""
         self._group_desc = ""
+        _mark_cpu(self)
         _live_groups.add(self)
 
     @property
