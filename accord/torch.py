@@ -156,11 +156,14 @@ class AccordWork(dist.Work):
         if timeout is not None and timeout <= 0:
             timeout = None
         import concurrent.futures
-        try:
-            self._done.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise CommTimeout(f"Work.wait: {self._desc} did not complete within "
-                              f"{timeout:g} s") from None
+        concurrent.futures.wait([self._done], timeout)
+        if not self._done.done():
+            # (not an except clause: concurrent.futures.TimeoutError is TimeoutError, which
+            # the operation's own CommTimeout also is, and that one must surface as itself)
+            raise CommTimeout(f"Work.wait: Timed out after {timeout:g} s waiting for "
+                              f"{self._desc} (it keeps running; wait again or let the "
+                              f"group's timeout end it)")
+        self._done.result()
         return True
 
     def is_completed(self):

@@ -4,7 +4,9 @@ A peer that dies, a peer that is late, and ranks that disagree: the caller of
 dist.all_reduce (synchronous), of Work.wait() and of get_future().wait()
 (asynchronous) gets PeerLost, CommTimeout or Desync, message intact.
 """
+import datetime
 import os
+import re
 import time
 
 import pytest
@@ -75,10 +77,36 @@ def test_comm_timeout():
     res = run_torch(2, late_peer, timeout=30, pg_timeout=1.5)
     name, msg, is_accord = res[0]["accord"]
     assert name == "CommTimeout" and is_accord, res[0]
-    assert "timed out" in msg and "rank 1" in msg, msg
+    assert "Timed out" in msg and "rank 1" in msg, msg
+    # the words torch's own tests look for in a timeout, and accord's stuck-rank table
+    assert re.search(" (Timed out|closed|timeout) ", msg), msg
+    assert "where each rank of group" in msg, msg
     # the late rank does not hang: it either finds rank 0's data already sent or
     # learns that the group broke
     assert res[1]["accord"] is None or res[1]["accord"][2], res[1]
+
+
+def late_peer_async(rank, world, backend):
+    t = torch.ones(4)
+    if rank == 1:
+        time.sleep(3)
+        return None
+    w = dist.all_reduce(t, async_op=True)
+    short = _catch(lambda: w.wait(timeout=datetime.timedelta(seconds=0.2)))
+    whole = _catch(lambda: w.wait())          # the operation's own deadline (1.5 s)
+    return short, whole, _catch(lambda: w.get_future().wait())
+
+
+def test_async_timeout_surfaces_as_comm_timeout():
+    res = run_torch(2, late_peer_async, timeout=30, pg_timeout=1.5)
+    short, whole, fut = res[0]["accord"]
+    # a wait shorter than the operation: torch's own words, the operation keeps running
+    assert short[0] == "CommTimeout" and short[2], short
+    assert "Timed out after 0.2 s" in short[1], short
+    # the operation's own timeout, raised inside the Work, comes out as itself
+    assert whole[0] == "CommTimeout" and whole[2], whole
+    assert "Timed out" in whole[1] and "rank 1" in whole[1], whole
+    assert fut[0] == "CommTimeout" and fut[1] == whole[1], fut
 
 
 def desync(rank, world, backend):

@@ -43,5 +43,5 @@ class Reports:
             parts.append("waiting for data from " + ", ".join(waiting))
         if sending:
             parts.append("waiting to send to " + ", ".join(sending))
-        return CommTimeout(f"{self._here()}: timed out {'; '.join(parts)} "
+        return CommTimeout(f"{self._here()}: Timed out {'; '.join(parts)} "
                            f"(is a rank stuck elsewhere, or calling a different collective?)")
