@@ -1,31 +1,52 @@
-# make demo   creates .venv, installs accord, runs every example under `accord run -n 4`
+# make demo   creates .venv, installs accord (numpy only), runs every example under `accord run -n 4`
 # make test   creates .venv, installs accord with its test extras, runs the test suite
+# make docs   creates .venv, installs the docs extra, builds the site into site/ (warnings are errors)
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Re-installs when pyproject.toml changes; `rm -rf .venv` starts over.
-STAMP  := $(VENV)/.accord-installed
+# Each stamp re-installs when pyproject.toml changes; `rm -rf .venv` starts over.
+DEMO_STAMP := $(VENV)/.accord-demo
+TEST_STAMP := $(VENV)/.accord-test
+DOCS_STAMP := $(VENV)/.accord-docs
 NPROC  ?= 4
 DEMOS  := broadcast all_gather scatter mlp_sync uneven_shards eval_metrics async_overlap torch_ddp
 
-.PHONY: demo test install clean
+.PHONY: demo test docs install clean
 
-install: $(STAMP)
+install: $(TEST_STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	@touch $@
+
+$(TEST_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
 	@touch $@
 
-demo: $(STAMP)
+$(DOCS_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	@touch $@
+
+# The torch example runs only where torch is installed (make test installs it).
+demo: $(DEMO_STAMP)
 	@set -e; for demo in $(DEMOS); do \
+		if grep -q '^import torch' examples/$$demo.py && ! $(PY) -c 'import torch' 2>/dev/null; then \
+			echo "== skipping examples/$$demo.py: it needs PyTorch ($(VENV)/bin/pip install torch, or make test, which installs it)"; \
+			continue; \
+		fi; \
 		echo "== accord run -n $(NPROC) examples/$$demo.py"; \
 		$(VENV)/bin/accord run -n $(NPROC) examples/$$demo.py; \
 	done
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q
 
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf build *.egg-info .pytest_cache
+	rm -rf build dist site *.egg-info .pytest_cache

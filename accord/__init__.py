@@ -2,7 +2,9 @@
 
 The torch.distributed programming model (process groups, broadcast,
 all_gather, scatter and the rest) over TCP and shared memory, with or
-without PyTorch. See CONTRACT.md for the public names.
+without PyTorch. The public names are those in `accord.__all__`; each one's
+docstring says how it differs from torch.distributed. `import accord.torch`
+registers the "accord" backend with torch.distributed.
 """
 from .api import (
     all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, barrier,

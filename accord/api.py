@@ -1,4 +1,4 @@
-"""The free functions of CONTRACT section 1.
+"""The free functions of the public API (process groups and collectives).
 
 Each one checks its arguments on the calling rank before any byte moves,
 turns tensors into `Buf`s, and hands a closure to its group, which runs it in

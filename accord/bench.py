@@ -45,7 +45,7 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
 # --------------------------------------------------------------------------- arguments
 
 def parse_size(text):
-    """'8' -> 8, '1K' -> 1024, '64M' / '64MiB' -> 64 MiB (binary units, as the anchors)."""
+    """'8' -> 8, '1K' -> 1024, '64M' / '64MiB' -> 64 MiB (binary units)."""
     m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
     if not m or m.group(2).upper() not in _UNITS:
         raise ValueError(f"bad size {text!r} (examples: 8, 1K, 64K, 1M, 64M)")
@@ -102,7 +102,8 @@ def add_arguments(parser):
                              "(default: inherited)")
     parser.add_argument("--csv", default=None, metavar="FILE", help="write every row here")
     parser.add_argument("--plot", default=None, metavar="FILE.png",
-                        help="write a PNG of busbw and latency against size (needs matplotlib)")
+                        help="write a PNG of busbw and latency against size (needs matplotlib: "
+                             "pip install 'accord[plot]')")
     parser.add_argument("--markdown", default=None, metavar="FILE.md",
                         help="write the tables as markdown, with the command and settings")
     parser.add_argument("--repeat", type=int, default=1, metavar="R",
@@ -641,7 +642,7 @@ def main(args):
         else:
             libs.append(lib)
     if settings.plot and importlib.util.find_spec("matplotlib") is None:
-        progress.say("error: --plot needs matplotlib (pip install matplotlib, or the dev extra)")
+        progress.say("error: --plot needs matplotlib (pip install 'accord[plot]')")
         return 2
 
     nt = nt_threshold()

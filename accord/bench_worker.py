@@ -37,7 +37,7 @@ BARRIER_SIZE = 8          # the barrier row is timed with the plan of an 8-byte 
 
 
 def plan(size, quick=False):
-    """(warm-up ops, ops per block, blocks): the anchors' plan; --quick is a smoke test."""
+    """(warm-up ops, ops per block, blocks): the same plan for every library; --quick is a smoke test."""
     if quick:
         return 2, 5, 3
     if size <= 1 << 10: return 50, 200, 7
@@ -243,7 +243,7 @@ LIBS = {"accord": AccordLib, "gloo": GlooLib, "mpi": MpiLib}
 # --------------------------------------------------------------------------- the method
 
 def measure(lib, fn, warm, iters, blocks):
-    """The anchors' loop; returns (median block time, max-over-ranks op p50, fastest block)."""
+    """The timing loop; returns (median block time, max-over-ranks op p50, fastest block)."""
     for _ in range(warm):
         fn()
     times, per_op = [], []
@@ -312,7 +312,7 @@ def run(lib, ops, sizes, quick, barrier):
                 med, p50, bmin = med / k, p50 / k, bmin / k
             done.append(op)
             pending.append((op, med, p50, bmin))
-        # results are checked after every op of this size has run (as the anchors
+        # results are checked after every op of this size has run (as a reference benchmark would
         # run them, one after the other on the same buffers), on every rank
         ok = all(verify(done) for verify in checks)
         bad, rss = lib.max_over_ranks([0.0 if ok else 1.0, _peak_rss_mib()])

@@ -48,7 +48,7 @@ FIELDS = ["lib", "world", "op", "size_bytes", "lat_us", "algbw_GBps", "busbw_GBp
 
 
 def plan(size):
-    """(warmup, iters per block, blocks), as the anchors."""
+    """(warmup, iters per block, blocks), as `accord bench` plans them."""
     if size <= 1 << 10:
         return 50, 200, 7
     if size <= 64 << 10:

@@ -24,7 +24,7 @@ def main():
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    # The article's example: every rank must already hold a tensor of the
+    # The classic example: every rank must already hold a tensor of the
     # right shape; only the source's values matter.
     t = np.ones(1) if rank == 0 else np.zeros(1)
     in_rank_order(f"rank {rank}/{world} before broadcast: {t}")

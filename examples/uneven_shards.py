@@ -1,6 +1,6 @@
 """Scatter a dataset in uneven shards, sized to each rank's speed.
 
-The article's scatter use: the root splits the data into per-rank parts, and
+A common use of scatter: the root splits the data into per-rank parts, and
 when the ranks differ in speed the parts should differ in size. Here rank r
 "runs" at a made-up speed; rank 0 sizes each shard in proportion, tells every
 rank its shard size (a scatter of one number each), then scatters the rows
