@@ -300,7 +300,8 @@ def _command(lib, world, settings):
     if lib == "mpi":
         return [find_mpiexec(), "-n", str(world), sys.executable, "-m", "accord.bench_worker",
                 *worker]
-    return [sys.executable, "-m", "accord", "run", "-n", str(world), "-m",
+    # --no-prefix: the driver reads the workers' PREFIX lines from the start of each line
+    return [sys.executable, "-m", "accord", "run", "--no-prefix", "-n", str(world), "-m",
             "accord.bench_worker", *worker]
 
 

@@ -73,13 +73,41 @@ def call_site(depth=2):
         text = f"{os.path.basename(name)}:{line}"
         site = (zlib.crc32(f"{name}:{line}".encode()) & SITE_MASK) or 1
         hit = _sites[key] = (site, text)
-        _site_text.setdefault(site, text)
+        if site not in _site_text:
+            _site_text[site] = text
+            _announce([(site, text)], list(_groups))
     return hit
 
 
 def site_text(site):
     """'file:line' for a site id this process knows (peers run the same code)."""
     return _site_text.get(site)
+
+
+def _site_key(global_rank, site):
+    return f"debug/site/{global_rank}/{site}"
+
+
+def _announce(sites, groups):
+    """Write call sites' text into the groups' stores, once per site and store.
+
+    Messages carry only a site's id (23 bits of the header). Its text is written
+    here before the first message with that id leaves this process, so a peer
+    that gets the id in a Desync can always read the text back, even after this
+    process has exited (the positions the publisher writes every PERIOD would
+    miss a site used just before an exit).
+    """
+    done = set()
+    for g in groups:
+        store = getattr(g, "store", None)
+        if store is None or not g.is_member or id(store) in done:
+            continue
+        done.add(id(store))
+        for site, text in sites:
+            try:
+                store.set(_site_key(g.global_rank, site), text)
+            except Exception:       # a store that is gone: the publisher's table remains
+                break
 
 
 # -- the flight recorder ------------------------------------------------------------
@@ -139,7 +167,11 @@ def register(group):
     """Called when a member group gets its transport (and store)."""
     global _publisher
     with _lock:
+        known = {id(getattr(g, "store", None)) for g in _groups}
         _groups.add(group)
+        if id(getattr(group, "store", None)) not in known:
+            # the sites used so far, for peers of this group (its store may be new)
+            _announce(list(_site_text.items()), [group])
         if getattr(group, "store", None) is not None and _publisher is None:
             _publisher = threading.Thread(target=_publish_loop, name="accord-positions",
                                           daemon=True)
@@ -280,6 +312,18 @@ def published_site_text(group, site):
     """A peer's call site, from the tables peers publish (error paths only: store reads)."""
     if getattr(group, "store", None) is None:
         return None
+    for r in range(group.size):
+        if r == group.rank:
+            continue
+        key = _site_key(group.ranks[r], site)
+        try:
+            if group.store.check([key]):
+                text = group.store.get(key)
+                text = text.decode() if isinstance(text, bytes) else str(text)
+                _site_text.setdefault(site, text)
+                return text
+        except Exception:           # the store went away with the job: try the positions
+            break
     deadline = time.monotonic() + 2 * PERIOD
     key = str(site)
     while True:

@@ -404,7 +404,7 @@ def health_check(r, transport, timeout):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["ACCORD_TRANSPORT"] = transport
     env["ACCORD_TIMEOUT"] = str(max(5, int(timeout) - 5))
-    cmd = [sys.executable, "-m", "accord", "run", "-n", "2", "-m", "accord.doctor",
+    cmd = [sys.executable, "-m", "accord", "run", "--no-prefix", "-n", "2", "-m", "accord.doctor",
            "--health-rank"]
     what = f"2 ranks, ACCORD_TRANSPORT={transport}: broadcast + all_reduce (4 KB, 4 MiB)"
     t0 = time.monotonic()

@@ -29,3 +29,10 @@ class Desync(AccordError):
 
 class GroupClosed(AccordError):
     """The group was destroyed, or is broken by an earlier failure."""
+
+
+# Tracebacks and reprs name them as users spell them (accord.Desync, not
+# accord.errors.Desync); pickle finds them there too.
+for _cls in (AccordError, CommTimeout, PeerLost, Desync, GroupClosed):
+    _cls.__module__ = "accord"
+del _cls

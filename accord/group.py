@@ -278,13 +278,21 @@ class ProcessGroup:
         """The Desync for collective messages peers sent that no call of this rank read."""
         from .transport.wire import describe_header, header_seq
         lines = []
+        skipped = False     # a peer made a call this rank never made (vs. one it made unread)
         for peer, h in left:
             seq = header_seq(h)
             past = self._history(seq)
+            skipped = skipped or seq >= self._seq
             mine = (f"this rank called {past}" if past else
                     f"this rank made {self._seq} call{'s' if self._seq != 1 else ''} on it")
             lines.append(f"{self.describe_rank(peer)} sent {describe_header(h, self._site_text)}"
                          f", which no call of this rank read ({mine})")
+        if skipped:
+            hint = (f"rank {self.global_rank} skipped a collective its peers made (a call "
+                    "under a condition on the rank, an early return or a caught exception?)")
+        else:
+            hint = ("this rank made that call but nothing in it read the message: did two "
+                    "ranks each think they were the root?")
         return Desync(f"rank {self.global_rank}: destroying group {self.name!r}: ranks disagree: "
                       + "; ".join(lines) + ". Every rank must make the same collective calls in "
-                      "the same order (did two ranks each think they were the root?)")
+                      f"the same order; {hint}")

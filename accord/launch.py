@@ -5,7 +5,10 @@
 
 Each rank is a Python process with torchrun's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...), so a
-script written for torchrun runs unchanged. Ranks inherit stdout and stderr.
+script written for torchrun runs unchanged. Every line a rank writes to
+stdout or stderr comes out whole on the launcher's stdout or stderr, prefixed
+"[rank N] " (--no-prefix leaves lines as they are; --log-dir DIR also writes
+each rank's lines to DIR/rank-N.log).
 
 The rendezvous store lives in the launcher (node 0's launcher on several
 nodes), on its own port, and the ranks learn its address from
@@ -15,9 +18,12 @@ the store with it. MASTER_PORT is left free for programs that rendezvous
 themselves (torch.distributed with gloo binds it on rank 0, as under torchrun).
 
 When a rank exits non-zero or is killed by a signal, the launcher stops the
-others (SIGTERM, then SIGKILL after --grace seconds), prints which rank failed
-first, how, and its Python traceback, and exits with that rank's exit status
-(128 + signal number for a signal). SIGINT, SIGTERM and SIGHUP sent to the
+others (SIGTERM, then SIGKILL after --grace seconds) and ends with a summary:
+the rank at fault (the first to fail on its own, not because a peer was lost),
+its exception, message and the user-code file:line, its traceback with
+accord's own frames folded (ACCORD_DEBUG unfolds them), and one line for each
+other rank. It exits with that rank's exit status (128 + signal number for a
+signal). SIGINT, SIGTERM and SIGHUP sent to the
 launcher are forwarded to the ranks the same way. The launcher never waits on
 a rank that will not die.
 """
@@ -35,8 +41,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
+from accord import _output
+
 DEFAULT_GRACE = 3.0      # seconds between SIGTERM and SIGKILL when stopping ranks
 REAP_TIMEOUT = 5.0       # seconds to wait for SIGKILLed ranks to be reaped
+DRAIN_TIMEOUT = 2.0      # seconds to wait for the ranks' last output once they are gone
+# Errors a rank gets because a peer failed, not a failure of its own: the launcher
+# blames another rank over these when it can.
+_CONSEQUENCES = ("accord.PeerLost", "accord.GroupClosed",
+                 "accord.errors.PeerLost", "accord.errors.GroupClosed")
+HEADLINE_CHARS = 300     # the message in the summary's headline is cut here
+OTHER_CHARS = 100        # and in the line of each other rank
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
@@ -58,6 +73,8 @@ class LaunchConfig:
     module: bool = False
     grace: float = DEFAULT_GRACE
     extra_env: dict = field(default_factory=dict)
+    prefix: bool = True               # "[rank N] " before every line of a rank's output
+    log_dir: Optional[str] = None     # also write each rank's lines to LOG_DIR/rank-N.log
 
     @property
     def world_size(self):
@@ -113,6 +130,12 @@ def add_arguments(parser):
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
                         help="when stopping ranks, seconds between SIGTERM and SIGKILL "
                              f"(default {DEFAULT_GRACE:g})")
+    parser.add_argument("--no-prefix", dest="prefix", action="store_false",
+                        help='do not put "[rank N] " before each line of the ranks\' output '
+                             "(lines still come out whole)")
+    parser.add_argument("--log-dir", dest="log_dir", default=None, metavar="DIR",
+                        help="also write each rank's output (stdout and stderr, no prefix) "
+                             "to DIR/rank-N.log, and its full traceback if it fails")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a module (python -m), not a script file")
     parser.add_argument("target", metavar="script.py|module",
@@ -127,7 +150,7 @@ def config_from_args(args):
                         node_rank=args.node_rank, master_addr=args.master_addr,
                         master_port=args.master_port, store_port=args.store_port,
                         launcher_store=args.launcher_store, module=args.module,
-                        grace=args.grace)
+                        grace=args.grace, prefix=args.prefix, log_dir=args.log_dir)
 
 
 def main(args):
@@ -149,8 +172,7 @@ def launch(config):
 # --------------------------------------------------------------------------- helpers
 
 def _say(message):
-    sys.stderr.write(f"accord run: {message}\n")
-    sys.stderr.flush()
+    _output.say(f"accord run: {message}\n")
 
 
 def _signal_name(signum):
@@ -191,6 +213,8 @@ class _Rank:
     returncode: Optional[int] = None
     ended: Optional[float] = None     # time.time() when the launcher saw it exit
     signalled: bool = False           # the launcher asked it to stop
+    pumps: list = field(default_factory=list)     # threads passing on its stdout and stderr
+    log: Optional[_output.RankLog] = None
 
     @property
     def pid(self):
@@ -292,9 +316,25 @@ class _Launcher:
                     "ROLE_RANK": str(rank.rank)})
         cmd = [sys.executable, _CHILD, rank.error_file, str(os.getpid()),
                "module" if cfg.module else "script", cfg.target, *cfg.args]
-        # Each rank leads its own process group: terminal signals reach only the
-        # launcher, which forwards them, and stopping a rank stops what it started.
-        rank.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        if cfg.log_dir and rank.log is None:
+            rank.log = _output.RankLog(cfg.log_dir, rank.rank)
+        prefix = f"[rank {rank.rank}] " if cfg.prefix else ""
+        pipes = [os.pipe(), os.pipe()]
+        try:
+            # Each rank leads its own process group: terminal signals reach only the
+            # launcher, which forwards them, and stopping a rank stops what it started.
+            rank.proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                         stdout=pipes[0][1], stderr=pipes[1][1])
+        except BaseException:
+            for r, w in pipes:
+                os.close(r)
+                os.close(w)
+            raise
+        for (r, w), out, what in ((pipes[0], sys.stdout, "out"), (pipes[1], sys.stderr, "err")):
+            os.close(w)
+            pump = _output.Pump(r, out, prefix, rank.log, f"accord-run-{what}-{rank.rank}")
+            pump.start()
+            rank.pumps.append(pump)
         threading.Thread(target=self._wait_for, args=(rank,), daemon=True,
                          name=f"accord-run-wait-{rank.rank}").start()
 
@@ -375,6 +415,17 @@ class _Launcher:
                     self._signal(rank, signal.SIGKILL)
             self._close_store(ok)
             self._restore_handlers(old_handlers)
+            for rank in self.ranks:
+                if rank.log is not None:
+                    rank.log.close()
+
+    def _drain(self, within=DRAIN_TIMEOUT):
+        """Let the pumps pass on what the ranks wrote last (a grandchild that keeps a pipe
+        open must not keep the launcher waiting)."""
+        deadline = time.monotonic() + within
+        for rank in self.ranks:
+            for pump in rank.pumps:
+                pump.join(max(0.0, deadline - time.monotonic()))
 
     def _close_store(self, ok):
         if self.store is None:
@@ -454,6 +505,7 @@ class _Launcher:
                      + ", ".join(str(r.rank) for r in self._alive())
                      + " that survived SIGKILL")
                 break
+        self._drain()
         if failure is not None:
             return self._report_failure(failure)
         if got_signal is not None:
@@ -462,47 +514,97 @@ class _Launcher:
             return 1
         return 0
 
-    def _report_failure(self, observed):
-        """Name the rank whose failure came first, show its traceback, return its exit status."""
+    def _fate(self, r):
+        if r.signalled and r.returncode is not None and r.returncode < 0:
+            return f"was stopped by the launcher ({_signal_name(-r.returncode)})"
+        return describe_status(r.returncode)
+
+    def _state(self, r):
+        """One rank's fate in a few words, for the summary."""
+        err = r.error()
+        if r.returncode == 0:
+            return "finished"
+        if r.returncode is None:
+            return "still running"
+        if r.signalled and r.returncode < 0 and not err:
+            return f"stopped ({_signal_name(-r.returncode)})"
+        if err:
+            how = ("stopped" if r.signalled and r.returncode < 0 else
+                   describe_status(r.returncode))
+            return f"{how} after it raised {_one_line(err, OTHER_CHARS)}"
+        return describe_status(r.returncode)
+
+    def _at_fault(self, observed):
+        """The rank the job failed because of.
+
+        The first to fail on its own: a rank that raised (what it raised is not
+        PeerLost or GroupClosed, which a rank gets when a peer fails), or that exited
+        non-zero or died without the launcher stopping it. If every failure is a
+        lost peer, the rank the earliest of them names as gone, when it is ours.
+        """
         def when(rank):
             err = rank.error()
             if err and isinstance(err.get("time"), (int, float)):
                 return err["time"]
             return rank.ended if rank.ended is not None else float("inf")
 
-        # Ranks that failed on their own: the one seen first, and any that raised
-        # (the launcher's SIGTERM leaves no error file).
-        candidates = [observed] + [r for r in self.ranks
-                                   if r is not observed and r.error() is not None]
-        root = min(candidates, key=lambda r: (when(r), r is not observed))
+        failed = [r for r in self.ranks
+                  if r is observed or r.error() is not None
+                  or (r.returncode not in (0, None) and not r.signalled)]
+        primary = [r for r in failed
+                   if not (r.error() and r.error().get("type") in _CONSEQUENCES)]
+        if primary:
+            return min(primary, key=lambda r: (when(r), r is not observed)), None
+        first = min(failed, key=lambda r: (when(r), r is not observed))
+        gone = (first.error() or {}).get("peer_lost")
+        by_rank = {r.rank: r for r in self.ranks}
+        if isinstance(gone, int) and gone in by_rank and by_rank[gone] is not first:
+            return by_rank[gone], first
+        return first, None
+
+    def _report_failure(self, observed):
+        """Print the job's summary; return the exit status of the rank at fault."""
+        root, witness = self._at_fault(observed)
         err = root.error()
-        how = describe_status(root.returncode)
+        where = f"(pid {root.pid}, local rank {root.local_rank} on node {self.config.node_rank})"
         if err and err.get("type"):
-            how = f"raised {err['type']}, then {how}"
-        _say(f"job failed: rank {root.rank} (local rank {root.local_rank} on node "
-             f"{self.config.node_rank}, pid {root.pid}) {how}")
-        if err and err.get("traceback"):
-            prefix = f"[rank {root.rank}] "
-            text = "".join(prefix + line + "\n"
-                           for line in err["traceback"].rstrip("\n").split("\n"))
-            sys.stderr.write(text)
+            _say(f"job failed: rank {root.rank} {where} raised {_one_line(err)}")
+            _say(f"  then it {describe_status(root.returncode)}")
+        elif witness is not None:
+            _say(f"job failed: rank {root.rank} {where} left while rank {witness.rank} still "
+                 f"needed it, which raised {_one_line(witness.error())}")
+            _say(f"  rank {root.rank} then {self._fate(root)}")
+            err = witness.error()
+        else:
+            _say(f"job failed: rank {root.rank} {where} {describe_status(root.returncode)}")
+        shown = witness if witness is not None else root
+        if err and (err.get("folded") or err.get("traceback")):
+            text = (err.get("folded") or err["traceback"]).rstrip("\n")
+            prefix = f"[rank {shown.rank}] " if self.config.prefix else ""
+            _output.say("".join(prefix + line + "\n" for line in text.split("\n")))
         others = [r for r in self.ranks if r is not root and r.proc is not None]
         if others:
-            parts = []
+            _say("the other ranks:")
             for r in others:
-                if r.returncode == 0:
-                    state = "finished"
-                elif r.returncode is None:
-                    state = "still running"
-                elif r.signalled and r.returncode < 0:
-                    state = f"stopped ({_signal_name(-r.returncode)})"
-                else:
-                    state = describe_status(r.returncode)
-                    if r.error():
-                        state += f" ({r.error().get('type', 'error')})"
-                parts.append(f"rank {r.rank} {state}")
-            _say("other ranks: " + "; ".join(parts))
-        sys.stderr.flush()
+                _say(f"  rank {r.rank} {self._state(r)}")
+        for r in self.ranks:
+            rerr = r.error()
+            if r.log is not None and rerr and rerr.get("traceback"):
+                r.log.write(("accord run: this rank's traceback:\n"
+                             + rerr["traceback"].rstrip("\n") + "\n").encode())
         if root.signalled and root.returncode < 0:
             return 1  # it had failed before the launcher stopped it
         return exit_status(root.returncode) or 1
+
+
+def _one_line(err, chars=HEADLINE_CHARS):
+    """'Type: first line of the message (at file:line, in f)' from an error record."""
+    message = (err.get("message") or "").strip().split("\n", 1)[0]
+    if len(message) > chars:
+        message = message[:chars - 3] + "..."
+    text = err.get("type") or "an error"
+    if message:
+        text += f": {message}"
+    if err.get("where"):
+        text += f" (at {err['where']})"
+    return text

@@ -23,11 +23,12 @@ def _env():
     return env
 
 
-def accord(*args, cwd=None, timeout=45):
+def accord(*args, cwd=None, timeout=45, env=None):
     """Run `python -m accord ARGS`; return (exit status, stdout + stderr, seconds)."""
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "accord", *map(str, args)], cwd=cwd,
-                          env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          env={**_env(), **(env or {})}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
     return proc.returncode, proc.stdout, time.monotonic() - start
 
@@ -281,7 +282,7 @@ raise RuntimeError("consequence")
     assert "rank 1 exited with code 1; stopping the other 1 rank" in output
     assert "job failed: rank 0 " in output and "raised KeyError" in output
     assert "[rank 0] KeyError: 'root cause'" in output
-    assert "rank 1 exited with code 1 (RuntimeError)" in output
+    assert "rank 1 exited with code 1 after it raised RuntimeError: consequence (at " in output
 
 
 # ------------------------------------------------------------------ signals to the launcher
