@@ -4,9 +4,12 @@ Each one checks its arguments on the calling rank before any byte moves,
 turns tensors into `Buf`s, and hands a closure to its group, which runs it in
 issue order. Ranks are global in arguments (src, dst) and group-local inside.
 """
+from __future__ import annotations
+
 import atexit
 import sys
 import threading
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,7 +25,8 @@ from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
 from .transport.connect import local_address
 from .transport.factory import build_transport
 from .transport.wire import NO_DTYPE
-from .work import completed_work
+from .work import Work, completed_work
+from ._types import Tensor, Timeout
 
 _EMPTY = np.empty(0, dtype=np.uint8)
 
@@ -49,7 +53,8 @@ def _require_world():
     return _world
 
 
-def is_initialized():
+def is_initialized() -> bool:
+    """True between `init_process_group()` and `destroy_process_group()`, as in torch."""
     return _world is not None
 
 
@@ -94,9 +99,35 @@ def _group_from_store(store, rank, size, timeout=None, name="default", ranks=Non
     return g
 
 
-def init_process_group(backend="auto", init_method=None, timeout=None, world_size=-1, rank=-1,
-                       store=None, group_name="", pg_options=None, device_id=None):
-    """Join the job: find rank and peers, and build the default group."""
+def init_process_group(backend: Optional[str] = "auto", init_method: Optional[str] = None,
+                       timeout: Timeout = None, world_size: int = -1, rank: int = -1,
+                       store: Any = None, group_name: str = "", pg_options: Any = None,
+                       device_id: Any = None) -> None:
+    """Join the job: find this process's rank and its peers, and build the default group.
+
+    Under `accord run`, torchrun, mpirun/mpiexec or srun the rank and world size
+    come from the environment, so `init_process_group()` needs no arguments.
+
+    Args:
+        backend: "auto" or "accord" (accord always runs its own transports: shared
+            memory between ranks of one host, TCP between hosts). torch's "gloo" or
+            "nccl" are refused with a ValueError.
+        init_method: "env://" (default: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE),
+            "tcp://host:port" or "file:///path", as in torch.
+        timeout: the default timeout of every collective of the job, in seconds
+            or a timedelta (default: `ACCORD_TIMEOUT`, else 1800 s).
+        world_size: the number of ranks (-1: from the environment).
+        rank: this process's rank (-1: from the environment).
+        store: a store (accord's, or torch's TCPStore/FileStore) to meet through
+            instead of init_method; rank and world_size are then required.
+        group_name, pg_options, device_id: accepted for torch compatibility and
+            ignored.
+
+    Raises:
+        ValueError: called twice, an unknown backend, both init_method and store,
+            or a rank/world size that cannot be found.
+        accord.CommTimeout: the peers did not all arrive within the timeout.
+    """
     global _world
     if _world is not None:
         raise ValueError("init_process_group was already called in this process; call "
@@ -141,9 +172,33 @@ def _master_host(init_method):
     return os.environ.get("MASTER_ADDR", "127.0.0.1")
 
 
-def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
-              use_local_synchronization=False, group_desc=None):
-    """Every rank of the job calls it, in the same order; members get a working group."""
+def new_group(ranks: Optional[Sequence[int]] = None, timeout: Timeout = None,
+              backend: Optional[str] = None, pg_options: Any = None,
+              use_local_synchronization: bool = False,
+              group_desc: Optional[str] = None) -> ProcessGroup:
+    """Create a group of some of the job's ranks.
+
+    As in torch, every rank of the job calls it, with the same ranks and in the
+    same order of group creations, members and non-members alike.
+
+    Args:
+        ranks: global ranks of the members (default: every rank); order does not
+            matter.
+        timeout: the default timeout of the group's collectives (default: the
+            job's).
+        backend, pg_options, use_local_synchronization: accepted for torch
+            compatibility and ignored.
+        group_desc: a name shown in the group's error messages.
+
+    Returns:
+        The new `ProcessGroup`. On a non-member it is a group whose collectives
+        return None at once.
+
+    Raises:
+        ValueError: not initialized, duplicate ranks, ranks outside the world or
+            an empty list.
+        TypeError: ranks is not a list of ints.
+    """
     w = _require_world()
     if ranks is None:
         ranks = list(range(w.size))
@@ -165,8 +220,23 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     return _build_group(w, name, sorted(ranks), timeout)
 
 
-def new_subgroups(group_size=None, group=None):
-    """Split the world into consecutive groups of group_size; return (mine, all)."""
+def new_subgroups(group_size: Optional[int] = None,
+                  group: Optional[ProcessGroup] = None) -> Tuple[ProcessGroup, List[ProcessGroup]]:
+    """Split the world into consecutive groups of `group_size` ranks, as torch does.
+
+    Every rank calls it. Ranks 0..group_size-1 form the first group, and so on.
+
+    Args:
+        group_size: ranks per group; it must divide the world size (torch's
+            default of one group per host is not implemented: pass it).
+        group: accepted for torch compatibility; the world is split.
+
+    Returns:
+        (this rank's group, every group in order).
+
+    Raises:
+        ValueError: group_size missing or not a divisor of the world size.
+    """
     w = _require_world()
     if group_size is None or group_size < 1 or w.size % group_size:
         raise ValueError(f"group_size: must divide the world size {w.size}, got {group_size}")
@@ -174,8 +244,21 @@ def new_subgroups(group_size=None, group=None):
     return groups[w.rank // group_size], groups
 
 
-def destroy_process_group(group=None):
-    """Destroy one group, or (None) every group and leave the job."""
+def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
+    """Destroy one group, or (None) every group, and leave the job.
+
+    Leaving says goodbye on every link, so peers know this exit is not a crash.
+    It is also run at interpreter exit.
+
+    Args:
+        group: the group to destroy (default: every group, then the job).
+
+    Raises:
+        accord.Desync: a peer sent a collective message that no call of this rank
+            read: the ranks made different calls (for example this rank skipped a
+            collective, or two ranks each thought they were a broadcast's root).
+            Every group is left even so. Unlike torch, which cannot tell.
+    """
     global _world
     w = _world
     if w is None:
@@ -227,28 +310,51 @@ def _group(group):
     return _require_world().default
 
 
-def get_rank(group=None):
+def get_rank(group: Optional[ProcessGroup] = None) -> int:
+    """This process's rank in `group` (default: its global rank); -1 if not a member.
+
+    Raises:
+        ValueError: the default group is not initialized.
+        TypeError: group is not an accord ProcessGroup.
+    """
     return _group(group).rank
 
 
-def get_world_size(group=None):
+def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    """The number of ranks of `group` (default: the job); -1 on a non-member, as torch.
+
+    Raises:
+        ValueError: the default group is not initialized.
+        TypeError: group is not an accord ProcessGroup.
+    """
     g = _group(group)
     return g.size if g.is_member else -1
 
 
-def get_group_rank(group, global_rank):
+def get_group_rank(group: Optional[ProcessGroup], global_rank: int) -> int:
+    """The rank within `group` of the process whose global rank is `global_rank`.
+
+    Raises:
+        ValueError: global_rank is not a member of group.
+    """
     g = _group(group)
     return g.group_rank_of(global_rank, "global_rank")
 
 
-def get_global_rank(group, group_rank):
+def get_global_rank(group: Optional[ProcessGroup], group_rank: int) -> int:
+    """The global rank of the process that is `group_rank` within `group`.
+
+    Raises:
+        ValueError: group_rank is outside 0 .. size-1.
+    """
     g = _group(group)
     if not 0 <= group_rank < g.size:
         raise ValueError(f"group_rank={group_rank} outside group {g.name!r} of size {g.size}")
     return g.ranks[group_rank]
 
 
-def get_process_group_ranks(group=None):
+def get_process_group_ranks(group: Optional[ProcessGroup] = None) -> List[int]:
+    """The global ranks of `group`'s members, in group-rank order."""
     return list(_group(group).ranks)
 
 
@@ -311,7 +417,12 @@ def _finish(*bufs):
 
 # -- collectives ----------------------------------------------------------------
 
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, timeout=None):
+def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+              async_op: bool = False, group_src: Optional[int] = None,
+              timeout: Timeout = None) -> Optional[Work]:
+    """The collective behind `accord.broadcast` (which also queues it inside a
+    `coalescing()` block): see `accord.broadcast`.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -374,7 +485,36 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
     return _run(g, opname, body, async_op, timeout, _stamp(mine, count=total))
 
 
-def all_gather(tensor_list, tensor, group=None, async_op=False, timeout=None):
+def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor,
+               group: Optional[ProcessGroup] = None, async_op: bool = False,
+               timeout: Timeout = None) -> Optional[Work]:
+    """Every rank's `tensor`, in every rank's `tensor_list`.
+
+    Args:
+        tensor_list: one output per rank of the group, in group-rank order;
+            `tensor_list[r]` receives rank r's tensor. Unlike torch, sizes may
+            differ from rank to rank (uneven all_gather): each entry only has to
+            match the size of the rank it receives from.
+        tensor: this rank's input (only read; it may be read-only).
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -386,7 +526,35 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, timeout=None):
     return _all_gather_blocks(g, "all_gather", blocks, mine, outs, async_op, timeout)
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, timeout=None):
+def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor,
+                           group: Optional[ProcessGroup] = None, async_op: bool = False,
+                           timeout: Timeout = None) -> Optional[Work]:
+    """Every rank's `input_tensor`, concatenated in rank order into `output_tensor`.
+
+    Args:
+        output_tensor: group size x input_tensor's elements, same dtype. An input
+            that already is this rank's block of the output (in place) is not
+            copied.
+        input_tensor: this rank's block (only read).
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -411,8 +579,37 @@ def _optional_list(g, value, arg, is_root, root_arg, writable=True):
     return None
 
 
-def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None,
-           timeout=None):
+def gather(tensor: Tensor, gather_list: Optional[Sequence[Tensor]] = None,
+           dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+           async_op: bool = False, group_dst: Optional[int] = None,
+           timeout: Timeout = None) -> Optional[Work]:
+    """Every rank's `tensor`, into the root's `gather_list`.
+
+    Args:
+        tensor: this rank's input (only read).
+        gather_list: on the root, one output per rank, in group-rank order; sizes
+            may differ from rank to rank (not in torch). None or empty elsewhere.
+        dst: the root's global rank (default 0).
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        group_dst: the root as a rank of `group` instead of dst (as torch 2.6+).
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -433,8 +630,38 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     return _run(g, "gather", body, async_op, timeout, _stamp(mine, root))
 
 
-def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None,
-            timeout=None):
+def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
+            src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+            async_op: bool = False, group_src: Optional[int] = None,
+            timeout: Timeout = None) -> Optional[Work]:
+    """The root's `scatter_list[r]` into rank r's `tensor`.
+
+    Args:
+        tensor: this rank's output.
+        scatter_list: on the root, one input per rank in group-rank order (only
+            read); sizes may differ from rank to rank (uneven shards, not in
+            torch): entry r must match rank r's tensor. None or empty elsewhere.
+        src: the root's global rank (default 0).
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        group_src: the root as a rank of `group` instead of src.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -460,8 +687,10 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     return _run(g, "scatter", body, async_op, timeout, _stamp(mine, root))
 
 
-def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None,
-           timeout=None):
+def reduce(tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM,
+           group: Optional[ProcessGroup] = None, async_op: bool = False,
+           group_dst: Optional[int] = None, timeout: Timeout = None) -> Optional[Work]:
+    """The collective behind `accord.reduce`: see `accord.reduce`."""
     g = _group(group)
     if not g.is_member:
         return None
@@ -490,7 +719,9 @@ def _reduce_run(g, buf, root, op, in_place=False):
     return run, _stamp(buf, root, op, buf.nbytes)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None):
+def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
+               async_op: bool = False, timeout: Timeout = None) -> Optional[Work]:
+    """The collective behind `accord.all_reduce`: see `accord.all_reduce`."""
     g = _group(group)
     if not g.is_member:
         return None
@@ -545,7 +776,35 @@ def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, t
                 _stamp(out, -1, op, total_bytes))
 
 
-def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, timeout=None):
+def reduce_scatter(output: Tensor, input_list: Sequence[Tensor], op: ReduceOp = ReduceOp.SUM,
+                   group: Optional[ProcessGroup] = None, async_op: bool = False,
+                   timeout: Timeout = None) -> Optional[Work]:
+    """Reduce `input_list[r]` over every rank into rank r's `output`.
+
+    Args:
+        output: this rank's result.
+        input_list: one input per rank, in group-rank order (only read); entry r
+            must match rank r's output, and sizes may differ from rank to rank.
+        op: a `ReduceOp` (AVG included).
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -561,8 +820,34 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
                                   op, async_op, timeout, sum(b.nbytes for b in ins))
 
 
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False,
-                          timeout=None):
+def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp.SUM,
+                          group: Optional[ProcessGroup] = None, async_op: bool = False,
+                          timeout: Timeout = None) -> Optional[Work]:
+    """Reduce `input` (group size blocks of output's size) over every rank; block r to rank r.
+
+    Args:
+        output: this rank's result block.
+        input: group size x output's elements, same dtype (only read).
+        op: a `ReduceOp`.
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -596,7 +881,33 @@ def _all_to_all_blocks(g, ref, outs, out_blocks, in_blocks, async_op, timeout):
     return _run(g, "all_to_all", body, async_op, timeout, _stamp(ref))
 
 
-def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, timeout=None):
+def all_to_all(output_tensor_list: Sequence[Tensor], input_tensor_list: Sequence[Tensor],
+               group: Optional[ProcessGroup] = None, async_op: bool = False,
+               timeout: Timeout = None) -> Optional[Work]:
+    """Rank i's `input_tensor_list[j]` into rank j's `output_tensor_list[i]`.
+
+    Args:
+        output_tensor_list: one output per rank, in group-rank order.
+        input_tensor_list: one input per rank (only read); sizes may differ.
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -628,8 +939,37 @@ def _splits(buf, sizes, n, arg, tensor_arg):
     return [s * per_row for s in sizes]
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                      async_op=False, timeout=None):
+def all_to_all_single(output: Tensor, input: Tensor,
+                      output_split_sizes: Optional[Sequence[int]] = None,
+                      input_split_sizes: Optional[Sequence[int]] = None,
+                      group: Optional[ProcessGroup] = None, async_op: bool = False,
+                      timeout: Timeout = None) -> Optional[Work]:
+    """all_to_all over single tensors split along their first dimension, as in torch.
+
+    Args:
+        output: the received rows, rank 0's first.
+        input: the rows to send, rank 0's first (only read).
+        output_split_sizes: rows received from each rank (default: equal splits).
+        input_split_sizes: rows sent to each rank (default: equal splits).
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -645,7 +985,31 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                               timeout)
 
 
-def barrier(group=None, async_op=False, device_ids=None, timeout=None):
+def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
+            device_ids: Any = None, timeout: Timeout = None) -> Optional[Work]:
+    """Wait until every rank of the group has entered the barrier.
+
+    Args:
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        device_ids: accepted for torch compatibility and ignored.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member).
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     g = _group(group)
     if not g.is_member:
         return None
@@ -713,18 +1077,36 @@ def _recv(tensor, src, group, tag, group_src, timeout, async_op):
     return g.submit("recv", body, async_op, to_seconds(timeout, "timeout"), p2p=True)
 
 
-def send(tensor, dst=None, group=None, tag=0, group_dst=None, timeout=None):
+def send(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+         tag: int = 0, group_dst: Optional[int] = None, timeout: Timeout = None) -> None:
+    """Send tensor to rank dst (global; or group_dst within group), blocking.
+
+    Raises:
+        ValueError, TypeError: bad arguments; accord.PeerLost, accord.CommTimeout,
+            accord.GroupClosed as the collectives.
+    """
     _send(tensor, dst, group, tag, group_dst, timeout, False)
 
 
-def recv(tensor, src=None, group=None, tag=0, group_src=None, timeout=None):
-    """Returns the sender's global rank."""
+def recv(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+         tag: int = 0, group_src: Optional[int] = None, timeout: Timeout = None) -> int:
+    """Receive into tensor from rank src (None: any rank); returns the sender's global rank.
+
+    Raises:
+        ValueError, TypeError: bad arguments; accord.PeerLost, accord.CommTimeout,
+            accord.GroupClosed as the collectives.
+    """
     return _recv(tensor, src, group, tag, group_src, timeout, False)
 
 
-def isend(tensor, dst=None, group=None, tag=0, group_dst=None, timeout=None):
+def isend(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+          tag: int = 0, group_dst: Optional[int] = None, timeout: Timeout = None) -> Work:
+    """Start sending tensor to dst; returns a Work (do not change tensor until it completes)."""
     return _send(tensor, dst, group, tag, group_dst, timeout, True)
 
 
-def irecv(tensor, src=None, group=None, tag=0, group_src=None, timeout=None):
+def irecv(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+          tag: int = 0, group_src: Optional[int] = None, timeout: Timeout = None) -> Work:
+    """Start receiving into tensor from src (None: any rank); returns a Work whose
+    result() is the sender's global rank."""
     return _recv(tensor, src, group, tag, group_src, timeout, True)

@@ -26,13 +26,18 @@ The module also provides the public `accord.broadcast`, `accord.all_reduce`
 and `accord.reduce`: the api functions, routed to the innermost active block
 of their group (one integer test when no block is active).
 """
+from __future__ import annotations
+
 import concurrent.futures
 import threading
+from typing import Optional
 
 from . import api
 from ._packing import check_bucket_bytes, plan_buckets, tensor_view
 from .buffers import BF16_CODE
 from .reduceops import ReduceOp, as_reduce_op, check_op
+from ._types import Tensor, Timeout
+from .group import ProcessGroup
 from .work import Work
 
 _active = 0                      # blocks open in any thread: the fast path tests this only
@@ -86,11 +91,36 @@ class _Run:
 class coalescing:
     """Context manager: queue small collectives of `group` and flush them bucketed at exit.
 
-    bucket_bytes: largest bucket (default 25 MiB). After exit, `works` holds
-    the Work of every bucketed collective and `wait()` waits for them all.
+        with accord.coalescing():
+            for p in params:
+                accord.all_reduce(p.grad)      # queued
+        # one all_reduce per dtype bucket has run; every p.grad holds the sum
+
+    Inside the block, `broadcast`, `all_reduce` and `reduce` on the block's
+    group are queued. At exit, each run of consecutive calls of the same kind
+    and key (same src; same op; same dst and op) is packed by dtype into buckets
+    and sent as one collective per bucket; a tensor of a bucket's size or more
+    goes alone, in place. Other collectives inside the block run at once, after
+    the queued calls before them are flushed. torch has a private
+    `_coalescing_manager` for the same purpose; this is accord's public one.
+
+    Args:
+        group: the group whose calls are queued (default: the default group).
+        bucket_bytes: largest bucket, in bytes (default 25 MiB).
+        timeout: the timeout of each bucketed collective (default: the group's).
+
+    After exit, `works` holds the Work of every bucketed collective and
+    `wait()` waits for them all; `calls` and `collectives` count the queued
+    calls and the collectives they became.
+
+    Raises:
+        RuntimeError: the block is entered twice; the queued calls fail with it
+            when the block raises.
+        ValueError: a bad bucket_bytes.
     """
 
-    def __init__(self, group=None, bucket_bytes=None, timeout=None):
+    def __init__(self, group: Optional[ProcessGroup] = None, bucket_bytes: Optional[int] = None,
+                 timeout: Timeout = None) -> None:
         self.group = api._group(group)
         self.bucket_bytes = check_bucket_bytes(bucket_bytes)
         self.timeout = timeout
@@ -136,7 +166,7 @@ class coalescing:
             self.wait()
         return False
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Timeout = None) -> None:
         """Wait until every flushed call's tensors are written (re-raises the first error)."""
         for f in self._flushed:
             Work(f, "coalesced call").wait(timeout)
@@ -162,19 +192,25 @@ class coalescing:
             return None
         return Work(p.future, f"{desc} (coalesced on group {self.group.name!r})")
 
-    def broadcast(self, tensor, src=None, async_op=False, group_src=None):
+    def broadcast(self, tensor: Tensor, src: Optional[int] = None, async_op: bool = False,
+                  group_src: Optional[int] = None) -> Optional[Work]:
+        """Queue a broadcast on the block's group (what `accord.broadcast` does in the block)."""
         g = self.group
         root = api._root(g, src, group_src, "src")
         view, code, _ = tensor_view(tensor, "tensor")
         return self._add("broadcast", root, tensor, view, code, async_op, "broadcast")
 
-    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
+    def all_reduce(self, tensor: Tensor, op: ReduceOp = ReduceOp.SUM,
+                   async_op: bool = False) -> Optional[Work]:
+        """Queue an all_reduce on the block's group."""
         op = as_reduce_op(op)
         view, code, dtype = tensor_view(tensor, "tensor")
         check_op(op, _OpCheck(view, code, dtype))
         return self._add("all_reduce", op, tensor, view, code, async_op, "all_reduce")
 
-    def reduce(self, tensor, dst=None, op=ReduceOp.SUM, async_op=False, group_dst=None):
+    def reduce(self, tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM,
+               async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+        """Queue a reduce on the block's group."""
         g = self.group
         root = api._root(g, dst, group_dst, "dst")
         op = as_reduce_op(op)
@@ -183,7 +219,7 @@ class coalescing:
         return self._add("reduce", (root, op), tensor, view, code, async_op, "reduce")
 
     # -- flushing -------------------------------------------------------------------
-    def flush(self):
+    def flush(self) -> list:
         """Send everything queued so far (exit does this); returns the new Works."""
         g, runs, self._runs = self.group, self._runs, []
         new, touched, futures = [], set(), []
@@ -258,7 +294,40 @@ def _settle(bucket, exc):
 
 # -- the public functions, routed through an open block ---------------------------
 
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, timeout=None):
+def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+              async_op: bool = False, group_src: Optional[int] = None,
+              timeout: Timeout = None) -> Optional[Work]:
+    """Copy the root's `tensor` into every rank's `tensor`, in place.
+
+    Inside a `coalescing()` block of its group the call is queued, and sent with
+    the block's other calls as a few bucketed collectives.
+
+    Args:
+        tensor: the data on the root (only read there; it may be read-only), and
+            where it lands on the other ranks (same size and dtype on every rank).
+        src: the root's global rank (default 0).
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        group_src: the root as a rank of `group` instead of src (as torch 2.6+).
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member). Inside a
+        `coalescing()` block of its group the call is queued and, with
+        `async_op=True`, its Work completes when the block flushes.
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     if _active:
         c = _current(group)
         if c is not None:
@@ -266,7 +335,38 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, time
     return api.broadcast(tensor, src, group, async_op, group_src, timeout)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None):
+def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
+               async_op: bool = False, timeout: Timeout = None) -> Optional[Work]:
+    """Reduce `tensor` over every rank of the group; every rank gets the result, in place.
+
+    Inside a `coalescing()` block of its group the call is queued, and sent with
+    the block's other calls as a few bucketed collectives.
+
+    Args:
+        tensor: this rank's input, overwritten with the result.
+        op: a `ReduceOp` (SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR, AVG); AVG is
+            supported for every dtype the sum is (gloo has no AVG).
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member). Inside a
+        `coalescing()` block of its group the call is queued and, with
+        `async_op=True`, its Work completes when the block flushes.
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     if _active:
         c = _current(group)
         if c is not None:
@@ -274,8 +374,41 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, timeout=None
     return api.all_reduce(tensor, op, group, async_op, timeout)
 
 
-def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None,
-           timeout=None):
+def reduce(tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM,
+           group: Optional[ProcessGroup] = None, async_op: bool = False,
+           group_dst: Optional[int] = None, timeout: Timeout = None) -> Optional[Work]:
+    """Reduce `tensor` over every rank of the group into the root's `tensor`.
+
+    Inside a `coalescing()` block of its group the call is queued, and sent with
+    the block's other calls as a few bucketed collectives.
+
+    Args:
+        tensor: this rank's input; on the root, overwritten with the result
+            (elsewhere, as torch, its contents afterwards are unspecified).
+        dst: the root's global rank (default 0).
+        op: a `ReduceOp`.
+        group: the group to run on (default: the default group). On a rank that is
+            not a member the call does nothing and returns None, as in torch.
+        async_op: return a `Work` at once instead of waiting for the result.
+        group_dst: the root as a rank of `group` instead of dst.
+        timeout: seconds (or a timedelta) for this call only; default: the group's
+            timeout (`ACCORD_TIMEOUT`, 1800 s). Not in torch.
+
+    Returns:
+        None, or a `Work` with `async_op=True` (None on a non-member). Inside a
+        `coalescing()` block of its group the call is queued and, with
+        `async_op=True`, its Work completes when the block flushes.
+
+    Raises:
+        ValueError, TypeError: bad arguments, raised on the calling rank before any
+            byte moves.
+        accord.Desync: the ranks of the group called different collectives, or the
+            same one with different roots, dtypes or sizes (raised on every rank
+            involved).
+        accord.PeerLost: a rank of the group died or left.
+        accord.CommTimeout: the call did not complete within its timeout.
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+    """
     if _active:
         c = _current(group)
         if c is not None:
@@ -283,8 +416,3 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     return api.reduce(tensor, dst, op, group, async_op, group_dst, timeout)
 
 
-for _f, _orig in ((broadcast, api.broadcast), (all_reduce, api.all_reduce),
-                  (reduce, api.reduce)):
-    _f.__doc__ = (_orig.__doc__ or "") + "\n\nQueued instead when called in a coalescing() " \
-                                          "block of its group."
-del _f, _orig

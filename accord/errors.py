@@ -5,30 +5,55 @@ byte moves); CommTimeout and PeerLost are the job's (a peer was slow or died);
 Desync is the program's (ranks disagree about what they are doing);
 GroupClosed means the group was destroyed or broken by an earlier failure.
 """
+from typing import Optional
 
 
 class AccordError(RuntimeError):
-    """Base of every error raised by communication."""
+    """Base of every error raised by communication (a RuntimeError, as torch's DistError).
+
+    `except accord.AccordError` catches CommTimeout, PeerLost, Desync and
+    GroupClosed. Bad arguments raise ValueError or TypeError instead, before any
+    byte moves.
+    """
 
 
 class CommTimeout(AccordError, TimeoutError):
-    """A collective did not complete before its deadline."""
+    """A collective did not complete before its deadline (also a TimeoutError).
+
+    Its message has a table of where every rank of the group stands ("rank 2
+    never entered all_reduce #1; ranks 0, 1 are waiting in it"). torch raises a
+    bare timeout from its backend instead.
+    """
 
 
 class PeerLost(AccordError, ConnectionError):
-    """A peer process died or closed its connection."""
+    """A peer process died or left the group (also a ConnectionError).
 
-    def __init__(self, message, peer=None):
+    Raised within seconds on every rank waiting on the lost peer, whatever the
+    timeout; `peer` is its rank when known. Under torch's gloo such a job hangs
+    until the timeout.
+    """
+
+    def __init__(self, message: str, peer: Optional[int] = None) -> None:
         super().__init__(message)
         self.peer = peer
 
 
 class Desync(AccordError):
-    """Ranks called different collectives, or the same one with different arguments."""
+    """Ranks called different collectives, or the same one with different arguments.
+
+    Raised on every rank involved, naming both sides' calls and their file:line
+    (also for ranks blocked in collectives of different groups: a deadlock).
+    torch has no such check: mismatched calls hang or corrupt data there.
+    """
 
 
 class GroupClosed(AccordError):
-    """The group was destroyed, or is broken by an earlier failure."""
+    """The group was destroyed, or is broken by an earlier failure.
+
+    After a collective of a group fails (PeerLost, CommTimeout, Desync), every
+    later call on it raises GroupClosed naming that first error.
+    """
 
 
 # Tracebacks and reprs name them as users spell them (accord.Desync, not

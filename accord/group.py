@@ -26,6 +26,17 @@ GOODBYE_S = 0.5
 
 
 class ProcessGroup:
+    """A group of ranks that run collectives together, as torch's ProcessGroup.
+
+    Made by `init_process_group()` (the default group), `new_group()` and
+    `new_subgroups()`; pass it as `group=` to any collective. Its calls run in
+    issue order, one at a time; with `async_op=True` they run in the order they
+    were issued, on a worker thread. `rank` is this process's rank in the
+    group (-1 on a non-member), `size` its number of ranks, `ranks` the
+    members' global ranks. Use `accord.get_rank(group)` and friends rather
+    than the attributes, as in torch.
+    """
+
     def __init__(self, name, ranks, global_rank, transport=None, timeout=1800.0, options=None):
         self.name = name
         self.ranks = list(ranks)                   # global ranks, sorted

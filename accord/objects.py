@@ -19,12 +19,17 @@ Every step is an ordinary collective on the group, so the group's order and
 checks apply. Uneven pieces use the uneven-size variants; nothing is padded
 across ranks.
 """
+from __future__ import annotations
+
 import bisect
 import pickle
+from typing import Any, List, Optional
 
 import numpy as np
 
 from . import api
+from ._types import Timeout
+from .group import ProcessGroup
 
 CHUNK_BYTES = 64 << 20       # the largest piece of an object any one collective moves
 _ALIGN = 64
@@ -118,8 +123,32 @@ def _staging(total):
     return np.empty(min(total, CHUNK_BYTES), np.uint8)
 
 
-def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None,
-                          timeout=None):
+def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
+                          group: Optional[ProcessGroup] = None, device: Any = None,
+                          group_src: Optional[int] = None, timeout: Timeout = None) -> None:
+    """Copy the root's list of picklable objects into every rank's `object_list`, in place.
+
+    Objects travel pickled (protocol 5, large buffers out of band) in bounded
+    chunks, so an object of any size streams without a second copy of it in
+    memory. Only CPU: `device` is accepted and ignored.
+
+    Args:
+        object_list: on the root, the objects; elsewhere a list of the same
+            length, whose items are replaced.
+        src: the root's global rank (default 0).
+        group: the group to run on (default: the default group); a non-member
+            returns None at once.
+        device: ignored (torch uses it to pick a staging device).
+        group_src: the root as a rank of `group` instead of src.
+        timeout: seconds (or a timedelta) for this call only (not in torch).
+
+    Raises:
+        TypeError, ValueError: bad arguments, before any byte moves.
+        accord.Desync, accord.PeerLost, accord.CommTimeout, accord.GroupClosed: as
+            the tensor collectives.
+        pickle.PicklingError (or what pickling raises): an object that cannot be
+            pickled, on the rank that holds it.
+    """
     g = api._group(group)
     if not g.is_member:
         return None
@@ -204,7 +233,28 @@ def _all_sizes(g, size, timeout):
     return sizes.tolist()
 
 
-def all_gather_object(object_list, obj, group=None, timeout=None):
+def all_gather_object(object_list: List[Any], obj: Any, group: Optional[ProcessGroup] = None,
+                      timeout: Timeout = None) -> None:
+    """Every rank's picklable `obj`, into every rank's `object_list` (one item per rank).
+
+    Objects travel pickled (protocol 5, large buffers out of band) in bounded
+    chunks, so an object of any size streams without a second copy of it in
+    memory.
+
+    Args:
+        object_list: a list of the group's size; item r becomes rank r's obj.
+        obj: this rank's object.
+        group: the group to run on (default: the default group); a non-member
+            returns None at once.
+        timeout: seconds (or a timedelta) for this call only (not in torch).
+
+    Raises:
+        TypeError, ValueError: bad arguments, before any byte moves.
+        accord.Desync, accord.PeerLost, accord.CommTimeout, accord.GroupClosed: as
+            the tensor collectives.
+        pickle.PicklingError (or what pickling raises): an object that cannot be
+            pickled, on the rank that holds it.
+    """
     g = api._group(group)
     if not g.is_member:
         return None
@@ -224,8 +274,32 @@ def all_gather_object(object_list, obj, group=None, timeout=None):
         object_list[i] = o.load()
 
 
-def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None,
-                  timeout=None):
+def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
+                  dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                  group_dst: Optional[int] = None, timeout: Timeout = None) -> None:
+    """Every rank's picklable `obj`, into the root's `object_gather_list`.
+
+    Objects travel pickled (protocol 5, large buffers out of band) in bounded
+    chunks, so an object of any size streams without a second copy of it in
+    memory.
+
+    Args:
+        obj: this rank's object.
+        object_gather_list: on the root, a list of the group's size (item r
+            becomes rank r's obj); None elsewhere.
+        dst: the root's global rank (default 0).
+        group: the group to run on (default: the default group); a non-member
+            returns None at once.
+        group_dst: the root as a rank of `group` instead of dst.
+        timeout: seconds (or a timedelta) for this call only (not in torch).
+
+    Raises:
+        TypeError, ValueError: bad arguments, before any byte moves.
+        accord.Desync, accord.PeerLost, accord.CommTimeout, accord.GroupClosed: as
+            the tensor collectives.
+        pickle.PicklingError (or what pickling raises): an object that cannot be
+            pickled, on the rank that holds it.
+    """
     g = api._group(group)
     if not g.is_member:
         return None
@@ -256,8 +330,34 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
             object_gather_list[i] = o.load()
 
 
-def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
-                        group=None, group_src=None, timeout=None):
+def scatter_object_list(scatter_object_output_list: List[Any],
+                        scatter_object_input_list: Optional[List[Any]] = None,
+                        src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                        group_src: Optional[int] = None, timeout: Timeout = None) -> None:
+    """The root's `scatter_object_input_list[r]` into rank r's `scatter_object_output_list[0]`.
+
+    Objects travel pickled (protocol 5, large buffers out of band) in bounded
+    chunks, so an object of any size streams without a second copy of it in
+    memory.
+
+    Args:
+        scatter_object_output_list: a list of at least one item; item 0 is
+            replaced by this rank's object.
+        scatter_object_input_list: on the root, one object per rank; None
+            elsewhere.
+        src: the root's global rank (default 0).
+        group: the group to run on (default: the default group); a non-member
+            returns None at once.
+        group_src: the root as a rank of `group` instead of src.
+        timeout: seconds (or a timedelta) for this call only (not in torch).
+
+    Raises:
+        TypeError, ValueError: bad arguments, before any byte moves.
+        accord.Desync, accord.PeerLost, accord.CommTimeout, accord.GroupClosed: as
+            the tensor collectives.
+        pickle.PicklingError (or what pickling raises): an object that cannot be
+            pickled, on the rank that holds it.
+    """
     g = api._group(group)
     if not g.is_member:
         return None

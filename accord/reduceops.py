@@ -9,6 +9,14 @@ import numpy as np
 
 
 class ReduceOp(enum.IntEnum):
+    """How all_reduce, reduce and reduce_scatter combine the ranks' values, as torch's ReduceOp.
+
+    SUM, PRODUCT, MIN, MAX, the bitwise BAND, BOR, BXOR (integer and bool
+    tensors) and AVG (the sum divided by the group size, for every dtype; gloo
+    has no AVG). On bool tensors SUM is a logical or and PRODUCT a logical
+    and. torch's PREMUL_SUM exists only through the torch backend
+    (`accord.torch`).
+    """
     SUM = 0
     PRODUCT = 1
     MIN = 2

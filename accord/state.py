@@ -28,8 +28,11 @@ How it goes, on every rank of the group:
    into the receiver's; otherwise every piece goes through the ring, the root
    copying one piece in while the other rank copies the previous one out.
 """
+from __future__ import annotations
+
 import concurrent.futures
 import hashlib
+from typing import Any, Optional, Union
 import sys
 import threading
 
@@ -40,6 +43,8 @@ from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tenso
 from .buffers import BF16_CODE
 from .errors import Desync
 from .work import Work, completed_work
+from ._types import Timeout
+from .group import ProcessGroup
 
 
 class StateMismatch(Desync, ValueError):
@@ -187,17 +192,40 @@ def _replace(tree, path, value):
     return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
 
 
-def broadcast_state(obj, src=None, group=None, async_op=False, bucket_bytes=None,
-                    group_src=None, timeout=None):
-    """Make obj equal src's obj on every rank of the group, in place.
+def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+                    async_op: bool = False, bucket_bytes: Optional[int] = None,
+                    group_src: Optional[int] = None,
+                    timeout: Timeout = None) -> Union[Any, Work, None]:
+    """Make obj equal src's obj on every rank of the group, in place (not in torch).
 
-    obj: a torch nn.Module (its state_dict), a state_dict, or any nested
-    dict/list/tuple of numpy arrays and CPU torch tensors; other leaves are
-    objects and travel pickled. Returns obj (a rebuilt tuple where obj is a
-    tuple holding object leaves), or with async_op=True a Work that completes
-    once every tensor is written (the structure check and the object leaves
-    are done before it returns). Raises StateMismatch (a Desync and a
-    ValueError) on every rank when the structures differ.
+    The tensors are packed into dtype buckets, so a model of thousands of
+    tensors costs a few collectives; memory layout need not agree (a tensor may
+    be contiguous on one rank and a transposed view on another). torch's
+    equivalent is a loop of broadcasts (or DDP's private _sync_module_states).
+
+    Args:
+        obj: a torch nn.Module (its state_dict), a state_dict, or any nested
+            dict/list/tuple of numpy arrays and CPU torch tensors; other leaves
+            are objects and travel pickled.
+        src: the root's global rank (default 0).
+        group: the group to run on (default: the default group); a non-member
+            returns None at once.
+        async_op: return a Work that completes once every tensor is written
+            (the structure check and the object leaves are done before it
+            returns).
+        bucket_bytes: largest bucket, in bytes (default 25 MiB).
+        group_src: the root as a rank of `group` instead of src.
+        timeout: seconds (or a timedelta) for each collective it makes.
+
+    Returns:
+        obj (a rebuilt tuple where obj is a tuple holding object leaves), or a
+        Work with async_op=True.
+
+    Raises:
+        StateMismatch: (a Desync and a ValueError) on every rank, when the
+            structures differ; it names the first differing path.
+        accord.PeerLost, accord.CommTimeout, accord.GroupClosed: as the
+            collectives.
     """
     g = api._group(group)
     if not g.is_member:
