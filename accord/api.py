@@ -120,8 +120,9 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         rank: this process's rank (-1: from the environment).
         store: a store (accord's, or torch's TCPStore/FileStore) to meet through
             instead of init_method; rank and world_size are then required.
-        group_name, pg_options, device_id: accepted for torch compatibility and
-            ignored.
+        group_name: accepted for torch compatibility and ignored.
+        pg_options: accepted for torch compatibility and ignored.
+        device_id: accepted for torch compatibility and ignored.
 
     Raises:
         ValueError: called twice, an unknown backend, both init_method and store,
@@ -186,8 +187,9 @@ def new_group(ranks: Optional[Sequence[int]] = None, timeout: Timeout = None,
             matter.
         timeout: the default timeout of the group's collectives (default: the
             job's).
-        backend, pg_options, use_local_synchronization: accepted for torch
-            compatibility and ignored.
+        backend: accepted for torch compatibility and ignored.
+        pg_options: accepted for torch compatibility and ignored.
+        use_local_synchronization: accepted for torch compatibility and ignored.
         group_desc: a name shown in the group's error messages.
 
     Returns:
