@@ -1,11 +1,14 @@
 """The "accord" backend of torch.distributed.
 
     import torch.distributed as dist
-    import accord.torch                    # registers the backend "accord"
     dist.init_process_group("accord")      # every torch.distributed call runs on accord
 
-Importing this module registers the backend (CPU device, torch's extended
-creator API). torch then calls `_create` once per group on every member rank,
+An installed accord registers the backend at `import torch`, through its
+"torch.backends" entry point (_accord_autoload.py, which imports this module
+only when the first accord group is made). Importing this module registers
+it too (CPU device, torch's extended creator API), for environments where
+torch's entry points are off (TORCH_DEVICE_BACKEND_AUTOLOAD=0) or accord is
+on the path without being installed. torch then calls `_create` once per group on every member rank,
 with the group's own store (already prefixed by torch), and uses the
 `AccordProcessGroup` it returns as the group itself: torch's functions
 (dist.all_reduce, ...), DDP's reducer, the object collectives and
