@@ -131,7 +131,9 @@ class AccordWork(dist.Work):
         else:
             self._done.set_exception(self._exc)
         if tfut is not None:
-            self._settle(tfut)
+            # not on this thread (the group's worker): the future's callbacks may issue
+            # more operations on this group and wait for them (PowerSGD's hook does)
+            _settler().submit(self._settle, tfut)
 
     def _value(self):
         out = self._outputs
@@ -209,6 +211,29 @@ class AccordWork(dist.Work):
     def __repr__(self):
         state = "done" if self.is_completed() else "pending"
         return f"<accord.torch.AccordWork {self._desc} {state}>"
+
+
+_settle_pool = (None, None)       # (pid, executor): threads do not survive a fork
+
+
+def _settler():
+    """The threads that complete torch futures of asynchronous operations.
+
+    A torch Future runs its callbacks (`then`, DDP's reducer, comm hooks) on the
+    thread that sets its value. The group's worker thread must not be that
+    thread: a callback that starts another operation and waits for it would
+    wait for the worker it is running on. A pool, because such a callback holds
+    its thread until the inner operation's future, which needs another, is set;
+    it grows only when every thread is busy.
+    """
+    global _settle_pool
+    pid, pool = _settle_pool
+    if pid != os.getpid():
+        import concurrent.futures
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=64,
+                                                     thread_name_prefix="accord-torch-future")
+        _settle_pool = (os.getpid(), pool)
+    return pool
 
 
 # -- tensors ---------------------------------------------------------------------

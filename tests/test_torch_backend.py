@@ -401,3 +401,22 @@ def test_off_host_tensors_are_staged_through_host_memory_with_one_warning():
         assert x == [1.0] * 4 and y == [3.0] * 3 and z == [1.0, 1.0]
         assert outs == [[0.0, 0.0], [1.0, 1.0]]
         assert len(staging) == 1, staging
+
+
+def nested_wait_in_callback(rank, world, backend):
+    a, b = torch.full((3,), float(rank + 1)), torch.full((2,), float(rank + 10))
+    fut = dist.all_reduce(a, async_op=True).get_future()
+    # a callback that starts another operation on the group and waits for it (as
+    # PowerSGD's DDP hook does): it must not run on the thread that would do the work
+    chained = fut.then(lambda f: (f.value()[0].clone(),
+                                  dist.all_reduce(b, async_op=True).get_future().wait()[0]))
+    first, second = chained.wait()
+    return {"first": first, "second": second}
+
+
+def test_future_callback_may_wait_on_another_operation():
+    res = run_torch(2, nested_wait_in_callback, backends=("gloo", "accord"), timeout=30)
+    for d in res:
+        for k in ("first", "second"):
+            assert torch.equal(d["accord"][k], d["gloo"][k]), k
+        assert torch.equal(d["accord"]["second"], torch.full((2,), 21.0))

@@ -16,6 +16,18 @@ from torch_ranks import run_torch  # noqa: E402
 pytestmark = pytest.mark.timeout(150)
 
 
+class _WithUnused(torch.nn.Module):
+    """A model with a branch that never takes part (find_unused_parameters)."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+        self.spare = torch.nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def train(rank, world, backend, variant):
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -27,13 +39,27 @@ def train(rank, world, backend, variant):
         layers.append(nn.BatchNorm1d(32))    # buffers are broadcast every forward
     layers += [nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3)]
     model = nn.Sequential(*layers)
+    if variant == "unused":
+        model = _WithUnused(model)
     kwargs = {}
     if variant == "buckets":
         kwargs = dict(bucket_cap_mb=0.001, gradient_as_bucket_view=True)
+    if variant == "static_graph":
+        kwargs = dict(static_graph=True)
+    if variant == "unused":
+        kwargs = dict(find_unused_parameters=True)
     ddp = DDP(model, **kwargs)
     if variant == "hook":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    if variant == "fp16_hook":             # gradients cross as float16 (a compression hook)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if variant == "powersgd":              # low-rank compression, its own all_reduces
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                   start_powerSGD_iter=2, min_compression_rate=0.5)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
 
     config = [{"lr": 0.05, "epochs": 2}] if rank == 0 else [None]
     dist.broadcast_object_list(config, src=0)
@@ -81,7 +107,8 @@ def _check(results, world):
 
 
 @pytest.mark.parametrize("world,variant", [(2, "plain"), (3, "buckets"), (2, "buffers"),
-                                           (2, "hook"), (2, "no_sync")])
+                                           (2, "hook"), (2, "no_sync"), (2, "static_graph"),
+                                           (3, "unused"), (2, "fp16_hook"), (3, "powersgd")])
 def test_ddp_matches_gloo(world, variant):
     results = run_torch(world, train, variant, backends=("gloo", "accord"), timeout=90)
     _check(results, world)
