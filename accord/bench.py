@@ -6,14 +6,14 @@
 For every world size (-n 2,4 gives one table each) the ranks of every library are
 started here: accord's and gloo's by `accord run` (gloo rendezvous with env:// on
 loopback, GLOO_SOCKET_IFNAME=lo), MPI's by the mpiexec next to this Python (mpi4py +
-MPICH), each library only where it is installed.  Every rank runs
-accord.bench_worker, which times the ops with the anchor benchmarks' method: warm-
-up, then timed blocks of ops each preceded by a barrier, the max over ranks of each
-block, the median block; busbw with nccl-tests' factors.  A barrier row gives
-barrier latency.  The point-to-point ops, between ranks 0 and 1, are the OSU
-benchmarks' (accord.bench_p2p): pingpong is osu_latency (half a blocking round
-trip), p2p_bw is osu_bw (a window of isends matched by irecvs, then an ack; bytes
-one way per second).
+MPICH), each library only where it is installed. Every rank runs
+accord.bench_worker, which times every op the same way: warm-up, then timed blocks
+of ops each preceded by a barrier, the max over ranks of each block, the median
+block; busbw with nccl-tests' factors. A barrier row gives barrier latency. The
+point-to-point ops, between ranks 0 and 1, are the OSU benchmarks'
+(accord.bench_p2p): pingpong is osu_latency (half a blocking round trip), p2p_bw is
+osu_bw (a window of isends matched by irecvs, then an ack; bytes one way per
+second).
 """
 import csv
 import importlib.util
@@ -81,7 +81,7 @@ def add_arguments(parser):
                         help="ranks per run; several world sizes give one table each "
                              "(default 2)")
     parser.add_argument("--ops", default=",".join(OPS),
-                        help=f"ops to time, of {','.join(ALL_OPS)} (default "
+                        help=f"ops to time, of {', '.join(ALL_OPS)} (default "
                              f"{','.join(OPS)}; pingpong and p2p_bw are point-to-point "
                              "between ranks 0 and 1)")
     parser.add_argument("--sizes", default=None,
