@@ -11,7 +11,7 @@ from .api import (
     destroy_process_group, gather, get_global_rank, get_group_rank,
     get_process_group_ranks, get_rank, get_world_size, init_process_group, irecv,
     is_initialized, isend, new_group, new_subgroups, recv, reduce_scatter,
-    reduce_scatter_tensor, scatter, send,
+    reduce_scatter_tensor, scatter, send, P2POp, batch_isend_irecv,
 )
 # broadcast, all_reduce and reduce are the api's, routed through an open coalescing() block
 from .coalescing import all_reduce, broadcast, coalescing, reduce
@@ -31,7 +31,7 @@ __all__ = [
     "get_process_group_ranks",
     "broadcast", "all_gather", "all_gather_into_tensor", "scatter", "gather", "reduce",
     "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "send", "recv", "isend", "irecv",
+    "barrier", "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
     "broadcast_object_list", "all_gather_object", "scatter_object_list", "gather_object",
     "broadcast_state", "coalescing",
     "ReduceOp", "Work", "ProcessGroup",

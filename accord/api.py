@@ -9,7 +9,7 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from .group import ProcessGroup
 from .options import Options, to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
 from .transport.connect import local_address
-from .transport.factory import build_transport
+from .transport.factory import build_transport, connect_p2p
 from .transport.wire import NO_DTYPE
 from .work import Work, completed_work
 from ._types import Tensor, Timeout
@@ -60,13 +60,20 @@ def is_initialized() -> bool:
 
 # -- groups -------------------------------------------------------------------
 
-def _connect(g, store, addr, timeout):
-    """Give member group g its transport, meeting its peers through store."""
+def _connect(g, store, addr, timeout, p2p=True):
+    """Give member group g its transport, meeting its peers through store.
+
+    p2p: also its point-to-point plane (groups made for a hierarchy's phases
+    carry collectives only)."""
     import time
     g.store = store         # debug.py publishes this rank's position there
+    deadline = time.monotonic() + timeout
     # shared memory when every member shares this host, TCP otherwise (transport/factory.py)
     g.transport = build_transport(store, g.name, g.rank, g.size, g.describe_rank, g.options,
-                                  addr, time.monotonic() + timeout)
+                                  addr, deadline)
+    if p2p and g.size > 1:
+        g.attach_p2p(connect_p2p(store, g.name, g.rank, g.size, g.describe_rank, g.transport,
+                                 addr, deadline))
     hosts = getattr(g.transport, "hosts", None)
     if hosts is not None and hierarchy.wanted(hosts):
         # several hosts, several ranks on one: shared memory inside each host as well
@@ -1032,83 +1039,164 @@ def _p2p(g, peer_global, peer_local, arg, tag):
     peer = _root(g, peer_global, peer_local, arg)
     if peer == g.rank:
         raise ValueError(f"{arg}={g.ranks[peer]} is this rank itself")
+    return peer, _tag(tag)
+
+
+_TAG_MAX = (1 << 63) - 1
+
+
+def _tag(tag):
     if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
         raise TypeError(f"tag: expected an int, got {type(tag).__name__}")
-    return peer, int(tag)
+    if not -_TAG_MAX - 1 <= tag <= _TAG_MAX:
+        raise ValueError(f"tag: {tag} does not fit in 64 bits")
+    return int(tag)
 
 
-def _send(tensor, dst, group, tag, group_dst, timeout, async_op):
-    g = _group(group)
-    if not g.is_member:
-        return None
-    if dst is None and group_dst is None:
-        raise ValueError("dst: required")
-    peer, tag = _p2p(g, dst, group_dst, "dst", tag)
-    buf = as_buf(tensor, "tensor", writable=False)
-    mv = buf.mv
-
-    def body(deadline):
-        g.transport.send_p2p(peer, mv, tag, deadline)
-    return g.submit("send", body, async_op, to_seconds(timeout, "timeout"), p2p=True)
-
-
-def _recv(tensor, src, group, tag, group_src, timeout, async_op):
-    g = _group(group)
-    if not g.is_member:
-        return None
-    buf = as_buf(tensor, "tensor")
-    if src is None and group_src is None:
-        # any source, as torch: the first message with this tag, from whichever peer
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
-            raise TypeError(f"tag: expected an int, got {type(tag).__name__}")
-        tag = int(tag)
+def _p2p_pending(g, is_send, tensor, peer_global, peer_local, tag, timeout, opname):
+    """Check one point-to-point call and build its operation; nothing is posted yet."""
+    arg = "dst" if is_send else "src"
+    tag = _tag(tag)
+    timeout = to_seconds(timeout, "timeout")
+    if peer_global is None and peer_local is None:
+        if is_send:
+            raise ValueError("dst: required")
         if g.size == 1:
             raise ValueError("recv with no src: this group has no other rank to receive from")
+        peer = None
+    else:
+        peer, tag = _p2p(g, peer_global, peer_local, arg, tag)
+    buf = as_buf(tensor, "tensor", writable=not is_send)
+    return g.p2p_op(opname, is_send, peer, buf.mv, tag, timeout,
+                    None if is_send else buf.finish)
 
-        def body(deadline):
-            peer = g.transport.recv_p2p_any(buf.mv, tag, deadline)
-            buf.finish()
-            return g.ranks[peer]
-        return g.submit("recv", body, async_op, to_seconds(timeout, "timeout"), p2p=True)
-    peer, tag = _p2p(g, src, group_src, "src", tag)
 
-    def body(deadline):
-        g.transport.recv_p2p(peer, buf.mv, tag, deadline)
-        buf.finish()
-        return g.ranks[peer]
-    return g.submit("recv", body, async_op, to_seconds(timeout, "timeout"), p2p=True)
+def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
+    g = _group(group)
+    if not g.is_member:
+        return None
+    opname = ("isend" if async_op else "send") if is_send else ("irecv" if async_op else "recv")
+    op = _p2p_pending(g, is_send, tensor, peer, group_peer, tag, timeout, opname)
+    g.post_p2p([op])
+    if async_op:
+        return Work(op.future, op.desc)
+    return op.future.result()
+
+
+_P2P_RAISES = """
+    Raises:
+        ValueError, TypeError: before anything is posted: a peer outside the group
+            or this rank itself, a tag that is not an int of 64 bits, a read-only
+            receive buffer.
+        accord.Desync: (receives) the message is not the buffer's size; the sender
+            is released and the group stays usable.
+        accord.PeerLost: the peer died or left; receives from other peers go on.
+        accord.CommTimeout: nothing matched within timeout (default: the group's).
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
+"""
 
 
 def send(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
          tag: int = 0, group_dst: Optional[int] = None, timeout: Timeout = None) -> None:
-    """Send tensor to rank dst (global; or group_dst within group), blocking.
+    """Send tensor to rank dst (global; or group_dst within group); returns once its
+    bytes are out of tensor's memory.
 
-    Raises:
-        ValueError, TypeError: bad arguments; accord.PeerLost, accord.CommTimeout,
-            accord.GroupClosed as the collectives.
+    That is once they are delivered or copied where the peer will find them, so a
+    small message returns at once even if the peer has not posted its receive; a
+    large one may wait until the peer's side takes it (MPI's standard mode). Messages
+    match by (group, source, tag) and are never overtaken between one sender and one
+    receiver with one tag. Unlike torch: timeout= per call.
     """
-    _send(tensor, dst, group, tag, group_dst, timeout, False)
+    _p2p_call(tensor, dst, group, tag, group_dst, timeout, True, False)
 
 
 def recv(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
          tag: int = 0, group_src: Optional[int] = None, timeout: Timeout = None) -> int:
-    """Receive into tensor from rank src (None: any rank); returns the sender's global rank.
-
-    Raises:
-        ValueError, TypeError: bad arguments; accord.PeerLost, accord.CommTimeout,
-            accord.GroupClosed as the collectives.
+    """Receive into tensor from rank src (None: the first message with tag from any
+    rank); returns the sender's global rank. The message must be tensor's size.
     """
-    return _recv(tensor, src, group, tag, group_src, timeout, False)
+    return _p2p_call(tensor, src, group, tag, group_src, timeout, False, False)
 
 
 def isend(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
           tag: int = 0, group_dst: Optional[int] = None, timeout: Timeout = None) -> Work:
-    """Start sending tensor to dst; returns a Work (do not change tensor until it completes)."""
-    return _send(tensor, dst, group, tag, group_dst, timeout, True)
+    """Start sending tensor to dst; returns a Work (leave tensor alone until it completes).
+
+    Any number of isend/irecv may be outstanding, per peer, tag and group, posted in
+    any order relative to each other and to collectives: a posted receive never
+    holds up a collective, nor a collective a send. They progress on their own
+    (a thread per group), whether or not this rank is inside an accord call.
+    """
+    return _p2p_call(tensor, dst, group, tag, group_dst, timeout, True, True)
 
 
 def irecv(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
           tag: int = 0, group_src: Optional[int] = None, timeout: Timeout = None) -> Work:
     """Start receiving into tensor from src (None: any rank); returns a Work whose
-    result() is the sender's global rank."""
-    return _recv(tensor, src, group, tag, group_src, timeout, True)
+    result() is the sender's global rank. Receives match in the order posted.
+    """
+    return _p2p_call(tensor, src, group, tag, group_src, timeout, False, True)
+
+
+for _f in (send, recv, isend, irecv):
+    _f.__doc__ += _P2P_RAISES
+
+
+class P2POp:
+    """One operation for `batch_isend_irecv`, as torch.distributed.P2POp.
+
+    Args:
+        op: accord.isend or accord.irecv.
+        tensor: what to send, or where to receive.
+        peer: the other rank (global), or group_peer: its rank within group.
+        group: the group (None: the default one); every op of a batch shares it.
+        tag: an int; messages match by (group, source, tag).
+
+    Raises:
+        ValueError: op is neither accord.isend nor accord.irecv (the other
+            arguments are checked when the batch is posted).
+    """
+    __slots__ = ("op", "tensor", "peer", "group", "tag", "group_peer")
+
+    def __init__(self, op: Callable, tensor: Tensor, peer: Optional[int] = None,
+                 group: Optional[ProcessGroup] = None, tag: int = 0,
+                 group_peer: Optional[int] = None) -> None:
+        if op not in (isend, irecv):
+            raise ValueError(f"op: expected accord.isend or accord.irecv, got {op!r}")
+        self.op, self.tensor, self.peer, self.group = op, tensor, peer, group
+        self.tag, self.group_peer = tag, group_peer
+
+    def __repr__(self):
+        peer = self.peer if self.group_peer is None else f"group rank {self.group_peer}"
+        return f"P2POp({self.op.__name__}, peer={peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
+    """Post every send and receive of the list at once; returns their Works, in order.
+
+    As torch: every op must use the same group. The order within the list does
+    not matter (receives may come before the sends they answer, as in MPI
+    programs). Unlike torch: every op is checked before any is posted, so a bad
+    op posts nothing; a non-member of the group gets an empty list.
+
+    Raises:
+        ValueError: an empty list, an item that is not a P2POp, ops of different
+            groups, or any op's bad peer or tag (TypeError for a tag that is not
+            an int); nothing is posted then.
+        accord.GroupClosed: the group was destroyed or broken.
+    """
+    ops = list(p2p_op_list) if isinstance(p2p_op_list, (list, tuple)) else None
+    if not ops or not all(isinstance(o, P2POp) for o in ops):
+        raise ValueError("p2p_op_list: expected a non-empty list of accord.P2POp")
+    if any(o.group is not ops[0].group for o in ops):
+        raise ValueError("p2p_op_list: all ops need to use the same group")
+    g = _group(ops[0].group)
+    if not g.is_member:
+        return []
+    pending = []
+    for o in ops:
+        is_send = o.op is isend
+        pending.append(_p2p_pending(g, is_send, o.tensor, o.peer, o.group_peer, o.tag, None,
+                                    "isend" if is_send else "irecv"))
+    g.post_p2p(pending)
+    return [Work(p.future, p.desc) for p in pending]

@@ -1,4 +1,5 @@
-"""ProcessGroup: one ordered stream of collectives among a set of ranks.
+"""ProcessGroup: one ordered stream of collectives among a set of ranks,
+and point-to-point messages beside it.
 
 Every rank issues the same sequence of collectives on a group (DESIGN
 invariant 1), so a call's sequence number is known everywhere and messages
@@ -6,6 +7,11 @@ between two ranks match in FIFO order. Synchronous calls run on the caller's
 thread when nothing is queued (a thread hand-off costs tens of µs); async
 calls, and any call issued while async work is pending, go through the
 group's single worker thread, which keeps the issue order.
+
+Point-to-point operations are not part of that stream: they go to the
+group's p2p engine (transport/p2p.py), which matches them by source and tag
+on links of their own, so a posted receive never holds up a collective and a
+collective never holds up a send.
 """
 import concurrent.futures
 import queue
@@ -17,6 +23,7 @@ import numpy as np
 from . import debug, debug_detail
 from .algorithms import Comm
 from .errors import AccordError, CommTimeout, Desync, GroupClosed
+from .transport.p2p import Engine, Pending
 from .transport.wire import OP_CODES, Stamp, decode_error, encode_error
 from .work import Work
 
@@ -60,6 +67,7 @@ class ProcessGroup:
         # the deadlock check (deadlock.py) needs to know the rank cannot move on by itself
         self.waiters = 0
         self.hier = None             # per-host subgroups of a group spanning hosts
+        self.p2p = None              # the point-to-point engine (attach_p2p)
 
     def scratch(self, dtype, numel):
         """A reusable receive buffer for reductions (one call runs at a time per group).
@@ -85,6 +93,47 @@ class ProcessGroup:
             t.site_text = self._site_text
             t.reason_of = self._abort_reason
             debug.register(self)
+
+    def attach_p2p(self, plane):
+        """Give the group its point-to-point plane (a transport of its own)."""
+        plane.history = self._history
+        plane.site_text = self._site_text
+        plane.reason_of = self._abort_reason
+        self.p2p = Engine(plane, self.name, self.ranks, f"rank {self.global_rank}")
+
+    def p2p_op(self, opname, is_send, peer, view, tag, timeout=None, finish=None):
+        """A point-to-point operation ready for post_p2p (peer: group rank or None)."""
+        timeout = self.timeout if timeout is None else timeout
+        if peer is None:
+            desc = f"{opname} from any rank"
+        else:
+            desc = f"{opname} {'to' if is_send else 'from'} {self.describe_rank(peer)}"
+        desc += f" (tag {tag}, {len(view)} bytes, group {self.name!r})"
+        _, where = debug.call_site()
+        entry = self.recorder.add(None, opname, -1 if peer is None else self.ranks[peer], "",
+                                  len(view), None, where)
+        entry[debug.T_START] = time.time()
+        entry[debug.STATE] = debug.RUNNING
+
+        def on_done(exc):
+            entry[debug.T_END] = time.time()
+            if exc is None:
+                entry[debug.STATE] = debug.DONE
+            else:
+                entry[debug.STATE] = debug.FAILED
+                entry[debug.ERROR] = f"{type(exc).__name__}: {exc}"
+        return Pending(is_send, peer, view, tag, timeout, desc, finish, on_done)
+
+    def post_p2p(self, ops):
+        """Start point-to-point operations (in order); each one's future tells its end."""
+        self.check_open()
+        if self.p2p is None:
+            raise ValueError(f"group {self.name!r} has no other rank to exchange messages with")
+        try:
+            self.p2p.post(ops)
+        except AccordError:
+            self.check_open()        # a broken group says why
+            raise
 
     def _abort_key(self, group_rank):
         return f"{self.name}/abort/{group_rank}"
@@ -144,7 +193,7 @@ class ProcessGroup:
         return GroupClosed(f"rank {self.global_rank}: group {self.name!r} is broken by an "
                            f"earlier error: {type(cause).__name__}: {cause}")
 
-    def submit(self, opname, body, async_op, timeout=None, stamp_args=None, p2p=False):
+    def submit(self, opname, body, async_op, timeout=None, stamp_args=None):
         """Run body(comm) in issue order. stamp_args: root, dtype, redop, count."""
         self.check_open()
         timeout = self.timeout if timeout is None else timeout
@@ -152,21 +201,17 @@ class ProcessGroup:
         # the deadlock check trusts "blocked" only for programs that issue from one thread
         main = debug.on_main_thread()
         with self._issue_lock:
-            if p2p:
-                stamp = None
-                entry = self.recorder.add(None, opname, -1, "", -1, None, where)
-            else:
-                seq = self._seq
-                a = stamp_args or (-1, 0, 0, -1, "", None)
-                if len(a) == 5:
-                    a = a + (None,)
-                stamp = Stamp(OP_CODES[opname], seq, a[0], a[1], a[2], a[3], a[4], a[5], site,
-                              where)
-                entry = self.recorder.add(seq, opname, a[0] if a[0] < 0 else self.ranks[a[0]],
-                                          a[4], a[3], a[5], where)
-                self._seq = seq + 1
-            desc = f"{opname} #{stamp.seq}" if stamp else opname
-            if self.options is not None and self.options.debug == "DETAIL" and stamp:
+            seq = self._seq
+            a = stamp_args or (-1, 0, 0, -1, "", None)
+            if len(a) == 5:
+                a = a + (None,)
+            stamp = Stamp(OP_CODES[opname], seq, a[0], a[1], a[2], a[3], a[4], a[5], site,
+                          where)
+            entry = self.recorder.add(seq, opname, a[0] if a[0] < 0 else self.ranks[a[0]],
+                                      a[4], a[3], a[5], where)
+            self._seq = seq + 1
+            desc = f"{opname} #{stamp.seq}"
+            if self.options is not None and self.options.debug == "DETAIL":
                 body = debug_detail.wrap(self, opname, stamp, body)
             if not async_op and self._pending == 0:
                 self.waiters += main
@@ -217,7 +262,7 @@ class ProcessGroup:
         rec.current = entry
         deadline = time.monotonic() + timeout
         try:
-            result = body(Comm(t, stamp, deadline) if stamp else deadline)
+            result = body(Comm(t, stamp, deadline))
         except AccordError as e:
             if getattr(t, "interrupted", None) is not None:
                 # the deadlock named by another thread is the cause; a peer that left
@@ -263,6 +308,9 @@ class ProcessGroup:
                 except Exception:
                     pass
             self.transport.abort(exc)
+            if self.p2p is not None:
+                self.p2p.close(self._closed_error())
+                self.p2p.t.abort(exc)
             if self.hier is not None:
                 self.hier.break_all(exc)
 
@@ -277,6 +325,10 @@ class ProcessGroup:
             self._worker = None
         if self.hier is not None:
             self.hier.destroy()
+        if self.p2p is not None:
+            self.p2p.close(GroupClosed(f"rank {self.global_rank}: group {self.name!r} was "
+                                       f"destroyed with this operation still posted"))
+            self.p2p.t.close(0.0)
         left = []
         if self.transport is not None:
             left = self.transport.close(GOODBYE_S if check and self._closed is None else 0.0) or []

@@ -230,10 +230,10 @@ def build(group, hosts, store, addr, timeout):
                          [group.ranks[r] for r in mine], group.global_rank,
                          timeout=group.timeout, options=group.options)
     if local.size > 1:
-        _connect(local, store, addr, timeout)
+        _connect(local, store, addr, timeout, p2p=False)
     lead = None
     if group.rank in leaders:
         lead = ProcessGroup(f"{name}/leaders", [group.ranks[r] for r in leaders],
                             group.global_rank, timeout=group.timeout, options=group.options)
-        _connect(lead, store, addr, timeout)
+        _connect(lead, store, addr, timeout, p2p=False)
     return Hierarchy(group, hosts, local, lead)

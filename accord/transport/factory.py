@@ -69,3 +69,16 @@ def build_transport(store, prefix, rank, size, describe_rank, options, addr, dea
     if size > 1 and mode != "tcp":
         t.hosts = hosts         # mixed: api.py adds per-host shared memory (hierarchy.py)
     return t
+
+
+def connect_p2p(store, prefix, rank, size, describe_rank, coll, addr, deadline):
+    """The point-to-point plane beside the collective transport coll (transport/p2p.py).
+
+    Shared memory: the second rings of the arena coll already maps (no setup);
+    TCP: a second connection per pair, so tagged messages never queue behind a
+    collective's bytes on one socket, nor a collective behind theirs."""
+    if coll.p2p is not None:
+        return coll.p2p
+    socks = connect_mesh(store, f"{prefix}/p2p", rank, size, addr, deadline)
+    return TcpTransport(rank, size, socks, describe_rank)
+

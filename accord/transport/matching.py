@@ -11,13 +11,14 @@ from .wire import COLL, P2P
 
 class Recv:
     """A receive posted on one link: into dest, matching a stamp (collective) or a tag."""
-    __slots__ = ("peer", "stamp", "dest", "tag", "done", "length", "rivals", "won")
+    __slots__ = ("peer", "stamp", "dest", "tag", "done", "length", "rivals", "won", "error")
 
     def __init__(self, peer, dest, stamp=None, tag=None):
         self.peer, self.dest, self.stamp, self.tag = peer, dest, stamp, tag
         self.done, self.length = False, len(dest)
         self.rivals = None          # an any-source receive: the same receive on every link
         self.won = False
+        self.error = None           # done, but failed (a tagged message of another size)
 
     def claim(self, links):
         """This receive takes a message: withdraw its rivals before any byte lands."""
@@ -32,6 +33,26 @@ class Recv:
                     pass
 
 
+def match_tagged(link, h):
+    """The receive posted on link that the tagged message h goes to, or None.
+
+    Receives match in the order they were posted (MPI's non-overtaking rule).
+    A receive whose buffer is not the message's size takes it and fails: the
+    message is dropped (returns "drop") and the receive is done with its error.
+    """
+    for r in link.posted:
+        if r.tag is not None and r.tag == h[5]:
+            if r.rivals:
+                r.claim(link.t.links)
+            if h[7] == r.length:
+                return r
+            r.error = link.t.p2p_size_mismatch(link.peer, h, r)
+            r.done = True
+            link.posted.remove(r)
+            return "drop"
+    return None
+
+
 class StashMatching:
     """Mixin for links with `posted`, `stash`, `peer` and `t` (the transport)."""
 
@@ -41,8 +62,16 @@ class StashMatching:
             if r.tag is not None:
                 if h[0] != P2P or h[5] != r.tag:
                     continue
+                if r.rivals:
+                    r.claim(self.t.links)
+                del self.stash[i]
+                r.done = True
                 if len(data) != r.length:
-                    raise self.t.p2p_size_mismatch(self.peer, h, r)
+                    # the message is consumed by the receive it matched, which fails
+                    r.error = self.t.p2p_size_mismatch(self.peer, h, r)
+                elif r.length:
+                    r.dest[:] = data
+                return True
             else:
                 if h[0] != COLL:
                     continue

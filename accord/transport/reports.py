@@ -32,8 +32,11 @@ class Reports:
                         peer=peer)
 
     def p2p_size_mismatch(self, peer, h, r):
-        return Desync(f"{self._here()}: {self.peer_desc(peer)} sent {h[7]} bytes with tag {h[5]} "
-                      f"but the receive buffer holds {r.length} bytes")
+        why = ("message truncated" if h[7] > r.length else
+               "a receive takes a message of exactly its buffer's size")
+        return Desync(f"{self._here()}: {self.peer_desc(peer)} sent a message of {h[7]} bytes "
+                      f"with tag {h[5]}, but the receive buffer holds {r.length} bytes ({why}; "
+                      f"the message is dropped)")
 
     def _timeout(self, recvs, sends):
         waiting = sorted({self.peer_desc(r.peer) for r in recvs if not r.done})

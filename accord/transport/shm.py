@@ -57,10 +57,10 @@ import numpy as np
 from ..algorithms import as_bytes
 from ..errors import Desync, GroupClosed
 from . import cma, futex
-from .matching import Recv, StashMatching
+from .matching import Recv, StashMatching, match_tagged
 from .reports import Reports
-from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, decode_error, encode_error,
-                   header_problem, header_seq)
+from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
+                   encode_error, header_problem, header_seq)
 
 SHM_DIR = "/dev/shm"
 _MAGIC = 0x3130726f63636161          # b"aaccor01"
@@ -68,6 +68,7 @@ _PAGE = 4096
 _RANK_BLOCK = 4096
 # rank block: byte offsets
 _R_DOORBELL = 0                      # i32: bumped by peers (in the kernel)
+_R_P2P_DOORBELL = 64                 # i32: the same for the point-to-point plane's engine
 _R_PID = 128                         # i64
 _R_DEPARTED = 136                    # i64: 1 after close()
 _R_PROBE_ADDR = 144                  # i64: where peers test process_vm_readv
@@ -75,7 +76,7 @@ _R_PROBE_VAL = 152                   # 8 bytes they must find there
 _R_ABORT_LEN = 192                   # i64
 _R_ABORT_MSG = 256                   # up to _RANK_BLOCK - 256 bytes
 # arena header
-_H_MAGIC, _H_NRANKS, _H_CAP, _H_ABORT = 0, 8, 16, 64
+_H_MAGIC, _H_NRANKS, _H_CAP, _H_PCAP, _H_ABORT = 0, 8, 16, 24, 64
 # channel control page; the ring follows it
 _C_HEAD, _C_TAIL, _C_ACKED, _C_CMA_OK = 0, 64, 128, 192
 # what a sleeper waits for (0: nothing), so writers wake it only once that is there
@@ -90,6 +91,7 @@ _DESC_MSG = HEADER_SIZE + _DESC.size
 
 CHAN_MAX = 4 << 20                   # a ring larger than this only costs cache
 CHAN_MIN = 16 << 10
+P2P_CHAN_MIN = 4 << 10
 _CHUNK = 256 << 10                   # publish (and copy out) streams in pieces this big
 _INLINE = 64 << 10                   # messages up to this size are written in one go
 _STASH_STEP = 1 << 20                # a stashed message's buffer grows as its bytes arrive
@@ -102,12 +104,22 @@ _LIVENESS_S = 0.5                    # how often a sleeper checks that its peers
 
 
 def arena_layout(size, arena_bytes):
-    """(ring capacity, total bytes) of the arena of a group of `size` ranks."""
+    """(ring capacity, total bytes) of the arena of a group of `size` ranks.
+
+    Each ordered pair has two rings: one for collectives (`cap` bytes) and one
+    for point-to-point messages (p2p_cap(cap), a quarter of it: tagged messages
+    of a MiB or more go single-copy, and smaller ones rarely stream)."""
     nchan = size * (size - 1)
-    fixed = _PAGE + size * _RANK_BLOCK + nchan * _PAGE
-    cap = (max(0, arena_bytes - fixed) // max(1, nchan)) // _PAGE * _PAGE
+    fixed = _PAGE + size * _RANK_BLOCK + 2 * nchan * _PAGE
+    per = max(0, arena_bytes - fixed) // max(1, nchan)
+    cap = (per * 4 // 5) // _PAGE * _PAGE
     cap = max(CHAN_MIN, min(CHAN_MAX, cap))
-    return cap, fixed + nchan * cap
+    return cap, arena_layout_total(size, cap)
+
+
+def p2p_cap(cap):
+    """The point-to-point ring's capacity beside a collective ring of `cap` bytes."""
+    return max(P2P_CHAN_MIN, cap // 4 // _PAGE * _PAGE)
 
 
 
@@ -165,7 +177,7 @@ class _Link(StashMatching):
         self.o_head = q[self.o_head_i]
         self.i_tail = q[self.i_tail_i]
         pb = t.rank_offset(peer)
-        self.peer_doorbell = t.base + pb + _R_DOORBELL
+        self.peer_doorbell = t.base + pb + t.bell
         self.peer_departed_i = (pb + _R_DEPARTED) // 8
         self.pid = q[(pb + _R_PID) // 8]
         self.cma_out = False            # the peer may read this process's memory
@@ -420,13 +432,12 @@ class _Link(StashMatching):
             st = _Stash(h, "abort" if kind == ABORT else "bye")
             return st.view(), st
         if kind == P2P:
-            for r in self.posted:
-                if r.tag is not None and r.tag == h[5]:
-                    if length != r.length:
-                        raise self.t.p2p_size_mismatch(self.peer, h, r)
-                    if r.rivals:
-                        r.claim(self.t.links)
-                    return r.dest, r
+            r = match_tagged(self, h)
+            if r is not None:
+                if r == "drop":
+                    st = _Stash(h, "drop")
+                    return st.view(), st
+                return r.dest, r
         st = _Stash(h)
         return st.view(), st
 
@@ -437,7 +448,8 @@ class _Link(StashMatching):
             if owner.kind == "bye":
                 self.departed = True
                 return
-            self.stashed(h, memoryview(owner.buf))
+            if owner.kind == "stash":
+                self.stashed(h, memoryview(owner.buf))
             return
         owner.done = True
         self.posted.remove(owner)
@@ -451,8 +463,11 @@ class ShmTransport(Reports):
     """The shared-memory links of one group member to every other member."""
     medium = "shared memory"
 
-    def __init__(self, rank, size, arena, describe_rank, cma_min=1 << 20):
+    def __init__(self, rank, size, arena, describe_rank, cma_min=1 << 20, plane=0):
+        """plane 0: the collectives' rings; 1: the point-to-point rings and doorbell
+        (the p2p engine's), over the same arena, which plane 0 owns."""
         self.rank, self.size = rank, size
+        self.plane = plane
         self.describe_rank = describe_rank
         self.broken = None
         self.op_desc = ""                        # the call in progress, for error messages
@@ -462,11 +477,13 @@ class ShmTransport(Reports):
         self.interrupted = None                  # an error another thread found (interrupt)
         self._arena = arena
         self.mem, self.q, self.i32, self.base = arena.mem, arena.q, arena.i32, arena.base
-        self.cap = arena.cap
+        self.cap = arena.cap if plane == 0 else p2p_cap(arena.cap)
         self.cma_min = cma_min if cma_min > 0 else 1 << 62
         me = self.rank_offset(rank)
-        self._doorbell_i = (me + _R_DOORBELL) // 4
-        self._doorbell = self.base + me + _R_DOORBELL
+        self.bell = _R_DOORBELL if plane == 0 else _R_P2P_DOORBELL
+        self._doorbell_i = (me + self.bell) // 4
+        self._doorbell = self.base + me + self.bell
+        self._armed = []
         self.links = {p: _Link(self, p) for p in range(size) if p != rank}
         self.arena_path = ""
         self._pidfds = {}
@@ -489,7 +506,10 @@ class ShmTransport(Reports):
     def chan_offset(self, src, dst):
         n = self.size
         idx = src * (n - 1) + (dst if dst < src else dst - 1)
-        return _PAGE + n * _RANK_BLOCK + idx * (_PAGE + self.cap)
+        base = _PAGE + n * _RANK_BLOCK
+        if self.plane == 0:
+            return base + idx * (_PAGE + self.cap)
+        return base + n * (n - 1) * (_PAGE + self._arena.cap) + idx * (_PAGE + self.cap)
 
     def setup_peers(self):
         """After every rank has written its block: pids, pidfds, cross-memory checks."""
@@ -561,43 +581,6 @@ class ShmTransport(Reports):
             self._step(posted, outgoing, ())
             meanwhile()
         self._progress(posted, outgoing, deadline, stamp=stamp)
-
-    def send_p2p(self, peer, buf, tag, deadline):
-        self._check_usable()
-        s = self._send(peer, HEADER.pack(P2P, 10, 0, 0, -1, tag, -1, len(buf)), buf)
-        if s.done:
-            return
-        # peers may be sending to us at the same time (isend/irecv pairs, rings of isends):
-        # read what they send into the stash while we wait, or large sends, which wait
-        # for their reader here, would block each other
-        self._progress([], [s], deadline, drain=tuple(self.links))
-
-    def recv_p2p(self, peer, buf, tag, deadline):
-        self._check_usable()
-        r = Recv(peer, buf, tag=tag)
-        link = self.links[peer]
-        if link.take_stashed(r):
-            return
-        link.posted.append(r)
-        self._progress([r], [], deadline)
-
-    def recv_p2p_any(self, buf, tag, deadline):
-        """Receive the first message with `tag` from any peer into buf; return that peer.
-
-        Messages already waiting in the stashes come first; otherwise the receive is
-        posted on every link, and the first link to route a matching message takes
-        it and withdraws the others (before any byte lands in buf).
-        """
-        self._check_usable()
-        for peer, link in self.links.items():
-            if link.stash and link.take_stashed(Recv(peer, buf, tag=tag)):
-                return peer
-        rivals = [Recv(peer, buf, tag=tag) for peer in self.links]
-        for r in rivals:
-            r.rivals = rivals
-            self.links[r.peer].posted.append(r)
-        self._progress(rivals, [], deadline)
-        return next(r.peer for r in rivals if r.won)
 
     def _check_usable(self):
         if self.broken is not None and isinstance(self.broken, GroupClosed):
@@ -793,6 +776,74 @@ class ShmTransport(Reports):
         complete. The sleeper wakes within a futex slice and raises it."""
         self.interrupted = exc
 
+    # -- the point-to-point plane (driven by transport/p2p.py's engine thread) ------
+    def tagged_send(self, peer, view, tag):
+        """Queue (or write at once) a tagged message; the record is done once it is out."""
+        return self._send(peer, HEADER.pack(P2P, OP_SEND, 0, 0, -1, tag, -1, len(view)), view)
+
+    def withdraw_send(self, s):
+        """Take back a send no byte of which is in the ring yet; False if under way."""
+        link = self.links[s.peer]
+        if s.part or s.off or s not in link.sends:
+            return False
+        link.sends.remove(s)
+        return True
+
+    def step_link(self, link):
+        """Write what is queued, collect acks, read everything the peer sent."""
+        moved = bool(link.sends) and link.push()
+        if link.unacked and link.check_acks():
+            moved = True
+        return link.advance(drain=True) or moved
+
+    def lost_peers(self):
+        """{peer: why} for peers that died, left the group or aborted: the engine reads
+        what they left in the ring, then fails what still waits on them."""
+        out = {}
+        dead = self._dead_peers()
+        for peer, link in self.links.items():
+            pb = self.rank_offset(peer)
+            if self.q[(pb + _R_ABORT_LEN) // 8]:
+                n = self.q[(pb + _R_ABORT_LEN) // 8]
+                msg = bytes(self.mem[pb + _R_ABORT_MSG:pb + _R_ABORT_MSG + n])
+                out[peer] = decode_error(msg, self.peer_desc(peer))
+            elif self.q[link.peer_departed_i] == 1 or link.departed:
+                out[peer] = self.peer_lost(peer, "left the group (destroyed it or exited) "
+                                                 "while this rank still needed it")
+            elif peer in dead:
+                out[peer] = self.peer_lost(peer, "died (its process is gone)")
+        return out
+
+    def arm(self, links):
+        """Say what the engine waits for on each link before it sleeps; returns the
+        doorbell value sleep() must pass to the futex (a wake-up is never lost)."""
+        q = self.q
+        expected = self.i32[self._doorbell_i]
+        flags = self._armed
+        for link in links:
+            q[link.i_want_data_i] = link.want_data()
+            flags.append(link.i_want_data_i)
+            if link.sends:
+                q[link.o_want_space_i] = link.want_space()
+                flags.append(link.o_want_space_i)
+            if link.unacked:
+                q[link.o_want_ack_i] = link.unacked[0].seq
+                flags.append(link.o_want_ack_i)
+        futex.fence()
+        return expected
+
+    def sleep(self, expected, timeout):
+        """Sleep on the doorbell (at most a slice: liveness is checked between)."""
+        futex.wait(self._doorbell, expected, max(0.0, min(timeout, _SLICE_S)))
+        q = self.q
+        for i in self._armed:
+            q[i] = 0
+        self._armed.clear()
+
+    def wake(self):
+        """Wake sleep() from another thread (new work was posted)."""
+        futex.add_and_wake(self._doorbell)
+
     # -- shutdown ----------------------------------------------------------------------
     def abort(self, exc):
         """Tell every peer why this group is broken."""
@@ -801,6 +852,11 @@ class ShmTransport(Reports):
         self.broken = exc
         if self._arena is None or os.getpid() != self._pid:
             return
+        if self.plane:
+            # the reason lives in the rank block, which the collective plane writes
+            for link in self.links.values():
+                futex.add_and_wake(link.peer_doorbell)
+            return
         msg = encode_error(exc)[:_RANK_BLOCK - _R_ABORT_MSG]
         me = self.rank_offset(self.rank)
         self.mem[me + _R_ABORT_MSG:me + _R_ABORT_MSG + len(msg)] = msg
@@ -808,22 +864,35 @@ class ShmTransport(Reports):
         futex.fence()
         if not self.q[_H_ABORT // 8]:
             self.q[_H_ABORT // 8] = self.rank + 1
-        for link in self.links.values():
-            futex.add_and_wake(link.peer_doorbell)
+        self._wake_peers()
+
+    def _wake_peers(self):
+        """Ring both doorbells of every peer: its collective call and its p2p engine
+        each look at the abort words and departed flags when they wake."""
+        for p in self.links:
+            pb = self.base + self.rank_offset(p)
+            futex.add_and_wake(pb + _R_DOORBELL)
+            futex.add_and_wake(pb + _R_P2P_DOORBELL)
 
     def close(self, grace=0.0):
         if self._arena is None:
             return []
-        if os.getpid() != self._pid:
+        if os.getpid() != self._pid or self.plane:
             # a forked child leaving (its atexit hooks run close): the arena and the
-            # "departed" flag belong to the parent, which is still a member
+            # "departed" flag belong to the parent, which is still a member; the p2p
+            # plane leaves both to the collective plane, which closes after it
+            if self.plane and os.getpid() == self._pid:
+                for fd in self._pidfds.values():
+                    os.close(fd)
+                self._pidfds = {}
             self._arena = None
             self.links = {}
+            if self.broken is None:
+                self.broken = GroupClosed("the group was destroyed")
             return []
         me = self.rank_offset(self.rank)
         self.q[(me + _R_DEPARTED) // 8] = 1
-        for link in self.links.values():
-            futex.add_and_wake(link.peer_doorbell)
+        self._wake_peers()
         left = self._leftovers(grace) if self.broken is None and grace > 0 else []
         for fd in self._pidfds.values():
             try:
@@ -1134,6 +1203,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
             head = memoryview(mm).cast("q")
             head[_H_NRANKS // 8] = size
             head[_H_CAP // 8] = cap
+            head[_H_PCAP // 8] = p2p_cap(cap)
             head[_H_MAGIC // 8] = _MAGIC
             head.release()
             store.set(f"{key}/name", name)
@@ -1160,6 +1230,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
     try:
         arena = Arena(mm, cap)
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
+        t.p2p = ShmTransport(rank, size, arena, describe_rank, cma_min, plane=1)
         t.arena_path = path                                 # for tests and messages
         me = t.rank_offset(rank)
         arena.q[(me + _R_PID) // 8] = os.getpid()
@@ -1174,8 +1245,10 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
         _unlink(path)           # every rank: whoever survives removes the name
         path = None
         t.setup_peers()
+        t.p2p.setup_peers()
         _barrier(store, f"{key}/probed", rank, size)
         t.read_cma_flags()
+        t.p2p.read_cma_flags()
         return t
     except BaseException:
         if path is not None:
@@ -1185,7 +1258,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
 
 def arena_layout_total(size, cap):
     nchan = size * (size - 1)
-    return _PAGE + size * _RANK_BLOCK + nchan * _PAGE + nchan * cap
+    return _PAGE + size * _RANK_BLOCK + nchan * (2 * _PAGE + cap + p2p_cap(cap))
 
 
 def _fail(store, key, rank, exc, path):

@@ -16,10 +16,10 @@ import socket
 import time
 
 from ..errors import GroupClosed, PeerLost
-from .matching import Recv, StashMatching
+from .matching import Recv, StashMatching, match_tagged
 from .reports import Reports
-from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, abort_header, decode_error,
-                   encode_error, header_problem, header_seq)
+from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, abort_header,
+                   decode_error, encode_error, header_problem, header_seq)
 
 _RBUF = 1 << 16          # reads of small messages land here first: one syscall per message
 _STASH_STEP = 1 << 20    # a stashed message's buffer grows as its bytes arrive, never on faith
@@ -39,11 +39,12 @@ class _Send:
 
 
 class _Stash:
-    """A message read before anyone asked for it; its buffer grows with the bytes."""
-    __slots__ = ("length", "buf")
+    """A message read before anyone asked for it (kind "stash"), or one whose receive
+    failed (kind "drop": read and forgotten); its buffer grows with the bytes."""
+    __slots__ = ("length", "buf", "kind")
 
-    def __init__(self, h):
-        self.length = h[7]
+    def __init__(self, h, kind="stash"):
+        self.length, self.kind = h[7], kind
         self.buf = bytearray(min(self.length, _STASH_STEP))
 
     def view(self):
@@ -60,6 +61,7 @@ class _Stash:
 
 class Link(StashMatching):
     """One peer's connection: a small read buffer, a stash, the message in flight."""
+    unacked = ()                            # sends wait for no ack over a socket
 
     def __init__(self, sock, peer, transport):
         self.sock, self.peer, self.t = sock, peer, transport
@@ -238,13 +240,12 @@ class Link(StashMatching):
         if kind == ABORT or kind == BYE:
             return (h, memoryview(bytearray(length)), 0, "abort" if kind == ABORT else "bye")
         if kind == P2P:
-            for r in self.posted:
-                if r.tag is not None and r.tag == h[5]:
-                    if length != r.length:
-                        raise self.t.p2p_size_mismatch(self.peer, h, r)
-                    if r.rivals:
-                        r.claim(self.t.links)
-                    return (h, r.dest, 0, r)
+            r = match_tagged(self, h)
+            if r is not None:
+                if r == "drop":
+                    stash = _Stash(h, "drop")
+                    return (h, stash.view(), 0, stash)
+                return (h, r.dest, 0, r)
         stash = _Stash(h)
         return (h, stash.view(), 0, stash)
 
@@ -256,7 +257,8 @@ class Link(StashMatching):
             self.eof = True
             raise decode_error(dest, self.t.peer_desc(self.peer))
         if owner.__class__ is _Stash:
-            self.stashed(h, owner.data())
+            if owner.kind == "stash":
+                self.stashed(h, owner.data())
             return
         owner.done = True
         self.posted.remove(owner)
@@ -297,6 +299,7 @@ class Link(StashMatching):
 class TcpTransport(Reports):
     """The links of one group member to every other member."""
     medium = "connection"
+    p2p = None                  # a TCP group's point-to-point plane is a second mesh
 
     def __init__(self, rank, size, socks, describe_rank):
         self.rank, self.size = rank, size
@@ -315,6 +318,7 @@ class TcpTransport(Reports):
         self.site_text = None                    # site id -> "file:line" (set by the group)
         self.active = None                       # (recvs, sends) being progressed, for reports
         self.interrupted = None                  # an error another thread found (interrupt)
+        self._wakefd = None                      # the p2p engine's wake-up (sleep/wake)
 
     # -- errors ------------------------------------------------------------
     def first_cause(self, hung_up):
@@ -365,55 +369,7 @@ class TcpTransport(Reports):
         finally:
             self._sending = None
 
-    def send_p2p(self, peer, buf, tag, deadline):
-        from .wire import HEADER as H
-        s = _Send(peer, H.pack(P2P, 10, 0, 0, -1, tag, -1, len(buf)), buf)
-        self.links[peer].sends.append(s)
-        # the peer may be sending to us at the same time (isend/irecv pairs): read what it
-        # sends into the stash while we wait, or two large sends would block each other
-        self._progress([], [s], deadline, drain_while_sending=True)
-
-    def recv_p2p(self, peer, buf, tag, deadline):
-        r = Recv(peer, buf, tag=tag)
-        link = self.links[peer]
-        if link.take_stashed(r):
-            return
-        link.posted.append(r)
-        self._progress([r], [], deadline)
-
-    def recv_p2p_any(self, buf, tag, deadline):
-        """Receive the first message with `tag` from any peer into buf; return that peer.
-
-        Stashed messages come first; otherwise the receive is posted on every link
-        and the first link to route a match takes it, withdrawing the others."""
-        for peer, link in self.links.items():
-            if link.stash and link.take_stashed(Recv(peer, buf, tag=tag)):
-                return peer
-        rivals = [Recv(peer, buf, tag=tag) for peer, link in self.links.items()
-                  if not (link.departed and link.eof)]
-        for r in rivals:
-            r.rivals = rivals
-            self.links[r.peer].posted.append(r)
-        if rivals:
-            self._progress(list(rivals), [], deadline)
-        for r in rivals:
-            if r.won:
-                return r.peer
-        raise PeerLost(f"{self._here()}: every peer left the group before sending a message "
-                       f"with tag {tag}")
-
-    def _withdraw(self, r):
-        """Drop one link's part of an any-source receive (its peer left)."""
-        r.done = True
-        try:
-            self.links[r.peer].posted.remove(r)
-        except ValueError:
-            pass
-        if r.rivals is not None and all(o.done for o in r.rivals):
-            for o in r.rivals:
-                o.rivals = None
-
-    def _progress(self, recvs, sends, deadline, drain_while_sending=False):
+    def _progress(self, recvs, sends, deadline):
         links = self.links
         self.active = (recvs, sends)
         try:
@@ -423,19 +379,12 @@ class TcpTransport(Reports):
                     if not s.done and links[s.peer].push():
                         moved = True
                 for r in recvs:
-                    if not r.done:
-                        try:
-                            if links[r.peer].advance():
-                                moved = True
-                        except PeerLost:
-                            if not (r.rivals and links[r.peer].departed):
-                                raise
-                            self._withdraw(r)     # that peer left; another may still send
-                            moved = True
+                    if not r.done and links[r.peer].advance():
+                        moved = True
                 if all(s.done for s in sends) and all(r.done for r in recvs):
                     return
                 if not moved:
-                    self._wait(recvs, sends, deadline, drain_while_sending)
+                    self._wait(recvs, sends, deadline)
         except BaseException:
             for r in recvs:
                 if not r.done:
@@ -450,7 +399,57 @@ class TcpTransport(Reports):
         poll slice): another thread proved it can never complete."""
         self.interrupted = exc
 
-    def _wait(self, recvs, sends, deadline, drain_while_sending=False):
+    # -- the point-to-point plane (driven by transport/p2p.py's engine thread) ------
+    def tagged_send(self, peer, view, tag):
+        """Queue a tagged message to peer; the returned record is done once it is out."""
+        s = _Send(peer, HEADER.pack(P2P, OP_SEND, 0, 0, -1, tag, -1, len(view)), view)
+        self.links[peer].sends.append(s)
+        return s
+
+    def withdraw_send(self, s):
+        """Take back a send no byte of which left yet; False if it is under way."""
+        link = self.links[s.peer]
+        if s not in link.sends or (link.sends[0] is s and link.send_partial):
+            return False
+        link.sends.remove(s)
+        return True
+
+    def step_link(self, link):
+        """Write what is queued and read everything the peer sent; True if a byte moved."""
+        moved = bool(link.sends) and link.push()
+        return link.advance(drain=True) or moved
+
+    def lost_peers(self):
+        """Peers found gone without reading from them (none: a socket reports it)."""
+        return {}
+
+    def arm(self, links):
+        """Before sleep(): nothing to announce over sockets (poll sees every byte)."""
+        return links
+
+    def sleep(self, links, timeout):
+        """Sleep until a link can move, wake() is called, or timeout seconds pass."""
+        if self._wakefd is None:
+            self._wakefd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        p = select.poll()
+        p.register(self._wakefd, select.POLLIN)
+        for link in links:
+            p.register(link.fd, select.POLLIN | _IDLE_MASK |
+                       (select.POLLOUT if link.sends else 0))
+        for fd, _ in p.poll(max(0.0, timeout) * 1000.0 + 1):
+            if fd == self._wakefd:
+                try:
+                    os.eventfd_read(self._wakefd)
+                except BlockingIOError:
+                    pass
+
+    def wake(self):
+        """Wake sleep() from another thread (new work was posted)."""
+        if self._wakefd is None:
+            self._wakefd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        os.eventfd_write(self._wakefd, 1)
+
+    def _wait(self, recvs, sends, deadline):
         if self.interrupted is not None:
             exc, self.interrupted = self.interrupted, None
             raise exc
@@ -458,24 +457,14 @@ class TcpTransport(Reports):
         if remaining <= 0:
             raise self._timeout(recvs, sends)
         masks = {}
-        readers = set()
         for s in sends:
             if not s.done:
                 masks[s.peer] = masks.get(s.peer, 0) | select.POLLOUT
-        if drain_while_sending:
-            # a blocked point-to-point send reads whatever any peer sends meanwhile into
-            # the stash: in a ring of isends, the rank this one sends to may itself be
-            # blocked sending, and only frees up once someone reads its left neighbour
-            for peer, link in self.links.items():
-                if not link.eof:
-                    masks[peer] = masks.get(peer, 0) | select.POLLIN
-                    readers.add(peer)
         for r in recvs:
             if not r.done:
                 masks[r.peer] = masks.get(r.peer, 0) | select.POLLIN
         crossing = set()
-        if self._sending is not None and not drain_while_sending and \
-                any(not s.done for s in sends):
+        if self._sending is not None and any(not s.done for s in sends):
             # a collective send that cannot move: if a peer this call reads nothing from
             # sends us a message of this call or an earlier one that does not match, the
             # ranks disagree (say, each thinks it is the root) and none would ever read.
@@ -496,9 +485,7 @@ class TcpTransport(Reports):
             fds[link.fd] = peer
         for fd, ev in p.poll(min(remaining * 1000.0, _POLL_SLICE_MS) + 1):
             peer = fds[fd]
-            if peer in readers and ev & select.POLLIN:
-                self.links[peer].advance(drain=True)
-            elif peer in crossing and ev & select.POLLIN:
+            if peer in crossing and ev & select.POLLIN:
                 self._check_crossing(self.links[peer])
             elif (peer not in masks or peer in crossing) and ev & (_IDLE_MASK | select.POLLIN):
                 self._drain_idle(self.links[peer])
@@ -571,6 +558,9 @@ class TcpTransport(Reports):
             self._hang_up(link)
             link.sock.close()
         self.links = {}
+        if self._wakefd is not None:
+            os.close(self._wakefd)
+            self._wakefd = None
         if self.broken is None:
             self.broken = GroupClosed("the group was destroyed")
         return left

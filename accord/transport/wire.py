@@ -37,6 +37,7 @@ NO_DTYPE = 255           # calls that carry no tensor (barrier)
 OP_NAMES = ("none", "broadcast", "all_gather", "gather", "scatter", "reduce", "all_reduce",
             "reduce_scatter", "all_to_all", "barrier", "send", "signature")
 OP_CODES = {name: i for i, name in enumerate(OP_NAMES)}
+OP_SEND = OP_CODES["send"]       # the op of every tagged (point-to-point) message
 
 SEQ_BITS = 40
 SEQ_MASK = (1 << SEQ_BITS) - 1

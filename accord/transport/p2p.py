@@ -1,0 +1,318 @@
+"""Point-to-point messages: posted, matched and progressed beside the collectives.
+
+Tagged messages are not part of a group's ordered stream of collectives. Each
+member has a second set of links to its peers, the *p2p plane* (shared memory:
+a second ring per ordered pair in the group's arena, with a doorbell of its
+own; TCP: a second connection per pair), and one engine thread per group that
+moves every posted send and receive on it.
+
+Why a thread (gloo's choice) and not progress inside calls only (MPI's
+default): a send completes once its bytes are out of the caller's buffer, even
+while the receiver computes, and a rank that posted a receive drains its
+peer's ring at once, so large messages both ways never hold each other up.
+With progress inside calls only, a rank that posted `irecv` and went on
+computing would hold its peer's large `send` until its next call. The thread
+sleeps in the kernel (futex or poll) when nothing can move, so it costs no
+core, and it starts at the group's first point-to-point call: a program that
+never sends pays nothing.
+
+Matching is MPI's: by (group, source, tag); receives are matched in the order
+they were posted and messages in the order they arrived, so messages between
+one sender and one receiver with one tag are never overtaken; a receive with
+no source takes the first message with its tag from any peer and reports the
+sender. Only the engine thread touches the plane's links; other threads hand
+it operations through post() and a wake-up.
+
+The medium (a TcpTransport or a plane-1 ShmTransport) supplies: `links`,
+`tagged_send(peer, view, tag)`, `withdraw_send(record)`, `step_link(link)`,
+`lost_peers()`, `arm(links)`, `sleep(token, timeout)` and `wake()`; see
+transport/base.py.
+"""
+import concurrent.futures
+import os
+import threading
+import time
+
+from ..errors import AccordError, CommTimeout, GroupClosed, PeerLost
+from .matching import Recv
+
+_IDLE_S = 1.0            # the longest sleep with nothing to wait for
+_LIVENESS_S = 0.5        # how often peers' deaths are looked for (shared memory)
+_JOIN_S = 5.0            # how long close() waits for the engine thread
+
+
+class Pending:
+    """One posted send or receive, from post() to its future's result."""
+    __slots__ = ("is_send", "peer", "view", "tag", "deadline", "timeout", "future", "rec",
+                 "finish", "desc", "on_done")
+
+    def __init__(self, is_send, peer, view, tag, timeout, desc, finish=None, on_done=None):
+        self.is_send, self.peer, self.view, self.tag = is_send, peer, view, tag
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.future = concurrent.futures.Future()
+        self.rec = None          # the medium's send record, a Recv, or any-source rivals
+        self.finish = finish     # run once the bytes are in (copy back a staged buffer)
+        self.desc = desc
+        self.on_done = on_done   # on_done(exc or None): the flight recorder's entry
+
+
+class Engine:
+    """The point-to-point side of one group member: a p2p plane and its thread."""
+
+    def __init__(self, transport, group_name, ranks, here):
+        self.t = transport
+        self.ranks = ranks               # group rank -> global rank (receives report it)
+        self.here = here                 # "rank 3", for messages
+        transport.op_desc = f"point-to-point (group {group_name!r})"
+        self.group_name = group_name
+        self._lock = threading.Lock()
+        self._inbox = []
+        self._thread = None
+        self._closed = None              # why no more posts are taken
+        self._ops = []                   # engine thread only, from here down
+        self._new = []                   # the ops being started
+        self._gone = {}                  # peer -> why its link is unusable
+        self._last_check = 0.0
+        self._pid = os.getpid()
+
+    # -- any thread ------------------------------------------------------------------
+    def post(self, ops):
+        """Hand operations to the engine (in order); their futures tell the outcome."""
+        with self._lock:
+            if self._closed is not None:
+                raise self._closed
+            self._inbox.extend(ops)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"accord-p2p-{self.group_name}")
+                self._thread.start()
+                return
+        self.t.wake()
+
+    def close(self, exc=None):
+        """Stop the engine: what is still posted fails with exc (GroupClosed by default).
+        The caller then closes or aborts the plane itself."""
+        with self._lock:
+            if self._closed is None:
+                self._closed = exc if exc is not None else GroupClosed(
+                    f"{self.here}: group {self.group_name!r} is destroyed")
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread() and \
+                os.getpid() == self._pid:
+            self.t.wake()
+            thread.join(_JOIN_S)
+
+    # -- the engine thread -----------------------------------------------------------
+    def _run(self):
+        try:
+            self._loop()
+        except BaseException as e:      # a fault here must not leave anyone waiting
+            err = e if isinstance(e, AccordError) else AccordError(
+                f"{self.here}: the point-to-point engine of group {self.group_name!r} "
+                f"failed: {type(e).__name__}: {e}")
+            with self._lock:
+                if self._closed is None:
+                    self._closed = err
+                new, self._inbox = self._inbox, []
+            for op in self._ops + self._new + new:
+                self._fail(op, err)
+            self._ops = self._new = []
+
+    def _loop(self):
+        t = self.t
+        while True:
+            with self._lock:
+                new, self._inbox = self._inbox, []
+                closing = self._closed
+            if closing is not None:
+                for op in self._ops + new:
+                    self._fail(op, closing)
+                self._ops = []
+                return
+            self._new = new
+            for op in new:
+                self._start(op)
+            self._new = []
+            moved = self._step()
+            if self._ops:
+                self._collect()
+            if moved or new:
+                continue
+            now = time.monotonic()
+            if now - self._last_check >= _LIVENESS_S:
+                self._last_check = now
+                self._check_lost()
+            wait = self._expire(now)
+            links = [link for p, link in t.links.items() if p not in self._gone]
+            token = t.arm(links)
+            if self._step():         # it came in while we were saying what we wait for
+                t.sleep(token, 0.0)
+                continue
+            t.sleep(token, wait)
+
+    def _start(self, op):
+        t = self.t
+        links = t.links
+        if op.is_send:
+            if op.peer in self._gone:
+                return self._fail(op, self._gone[op.peer])
+            op.rec = t.tagged_send(op.peer, op.view, op.tag)
+        elif op.peer is None:
+            # any source: a message already here comes first, else one receive per link,
+            # and the first link to match one withdraws the others
+            for peer, link in links.items():
+                r = Recv(peer, op.view, tag=op.tag)
+                if link.stash and link.take_stashed(r):
+                    op.rec = r
+                    break
+            else:
+                rivals = [Recv(p, op.view, tag=op.tag) for p in links if p not in self._gone]
+                if not rivals:
+                    return self._fail(op, self._no_peer_left(op))
+                for r in rivals:
+                    r.rivals = rivals
+                    links[r.peer].posted.append(r)
+                op.rec = rivals
+        else:
+            r = Recv(op.peer, op.view, tag=op.tag)
+            link = links[op.peer]
+            if not (link.stash and link.take_stashed(r)):
+                if op.peer in self._gone:
+                    return self._fail(op, self._gone[op.peer])
+                link.posted.append(r)
+            op.rec = r
+        self._ops.append(op)
+
+    def _step(self):
+        t = self.t
+        moved = False
+        for peer, link in t.links.items():
+            if peer in self._gone:
+                continue
+            try:
+                if t.step_link(link):
+                    moved = True
+            except AccordError as e:
+                self._lose(peer, e)
+                moved = True
+        return moved
+
+    def _collect(self):
+        keep = []
+        for op in self._ops:
+            if op.future.done():
+                continue
+            rec = op.rec
+            if op.is_send:
+                if rec.done:
+                    self._succeed(op, None)
+                    continue
+            else:
+                r = rec
+                if rec.__class__ is list:
+                    r = next((x for x in rec if x.won), None)
+                    if r is None:
+                        if all(x.done for x in rec):       # every rival's peer is gone
+                            self._fail(op, self._no_peer_left(op))
+                        else:
+                            keep.append(op)
+                        continue
+                if r.done:
+                    if r.error is not None:
+                        self._fail(op, r.error)
+                    else:
+                        self._succeed(op, self.ranks[r.peer])
+                    continue
+            keep.append(op)
+        self._ops = keep
+
+    def _succeed(self, op, value):
+        try:
+            if op.finish is not None:
+                op.finish()
+        except BaseException as e:
+            return self._fail(op, e)
+        if op.on_done is not None:
+            op.on_done(None)
+        op.future.set_result(value)
+
+    def _fail(self, op, exc):
+        if op.future.done():
+            return
+        if op.on_done is not None:
+            op.on_done(exc)
+        op.future.set_exception(exc)
+
+    def _lose(self, peer, exc):
+        """peer's link is unusable (it died, left or aborted): fail what needs it.
+
+        Receives from other peers are not disturbed; an any-source receive goes on
+        with the peers that remain."""
+        self._gone[peer] = exc
+        link = self.t.links[peer]
+        for op in self._ops:
+            if op.future.done():
+                continue
+            if op.rec.__class__ is list:
+                for r in op.rec:
+                    if r.peer == peer and not r.done:
+                        r.done = True
+            elif op.peer == peer and not op.rec.done:
+                self._fail(op, exc)
+        link.posted.clear()
+        link.sends.clear()
+        if link.unacked:
+            link.unacked.clear()
+
+    def _check_lost(self):
+        for peer, exc in self.t.lost_peers().items():
+            if peer in self._gone:
+                continue
+            try:        # what it sent before it went still counts
+                self.t.step_link(self.t.links[peer])
+            except AccordError as e:
+                exc = e
+            self._lose(peer, exc)
+
+    def _expire(self, now):
+        """Fail what is past its deadline; return the seconds to the next deadline."""
+        nearest = _IDLE_S
+        for op in self._ops:
+            if op.future.done():
+                continue
+            left = op.deadline - now
+            if left > 0:
+                nearest = min(nearest, left)
+                continue
+            if op.is_send:
+                # under way: its bytes still go out (the stream must stay whole); the
+                # caller hears of the timeout now
+                self.t.withdraw_send(op.rec)
+                why = (f"{self.t.peer_desc(op.peer)} did not take the message (is it "
+                       f"receiving from this rank with the same tag and group?)")
+            else:
+                rivals = op.rec if op.rec.__class__ is list else [op.rec]
+                if any(self._filling(r) for r in rivals):
+                    continue            # its bytes are coming in: let it finish
+                for r in rivals:
+                    r.done = True
+                    try:
+                        self.t.links[r.peer].posted.remove(r)
+                    except ValueError:
+                        pass
+                src = (self.t.peer_desc(op.peer) if op.peer is not None else "any rank")
+                why = (f"no message with tag {op.tag} arrived from {src} (is it sending to "
+                       f"this rank with the same tag and group?)")
+            self._fail(op, CommTimeout(f"{self.here}: {op.desc}: Timed out after "
+                                       f"{op.timeout:g} s: {why}"))
+        return nearest
+
+    def _filling(self, r):
+        inc = self.t.links[r.peer].incoming
+        return inc is not None and inc[3] is r
+
+    def _no_peer_left(self, op):
+        why = "; ".join(f"{self.t.peer_desc(p)}: {e}" for p, e in sorted(self._gone.items()))
+        return PeerLost(f"{self.here}: {op.desc}: no peer is left that could send it "
+                        f"({why})")
