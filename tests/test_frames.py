@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from accord.errors import AccordError, Desync, PeerLost
 from accord.transport import wire
+from accord.transport.p2p import Engine, Pending
 from accord.transport.tcp import TcpTransport
 from accord.transport.wire import ABORT, BYE, COLL, HEADER, HEADER_SIZE, P2P, Stamp
 
@@ -26,6 +27,17 @@ def _pair():
     return t, b
 
 
+def _recv_tagged(t, peer, dest, tag, timeout):
+    """A tagged receive through a p2p engine driving t (as a group's p2p plane)."""
+    engine = Engine(t, "test", [0, 1], "rank 0")
+    op = Pending(False, peer, dest, tag, timeout, "recv")
+    engine.post([op])
+    try:
+        return op.future.result(timeout + 5)
+    finally:
+        engine.close()
+
+
 def _feed(data, recv_len=16, p2p=False):
     """Send data then hang up; receive on the transport. Returns the outcome."""
     t, b = _pair()
@@ -36,7 +48,7 @@ def _feed(data, recv_len=16, p2p=False):
         deadline = time.monotonic() + 2.0
         try:
             if p2p:
-                t.recv_p2p(1, dest, 0, deadline)
+                _recv_tagged(t, 1, dest, 0, 2.0)
             else:
                 stamp = Stamp(wire.OP_CODES["broadcast"], 0, 1, 11, 0, recv_len, "float32")
                 t.exchange([], [(1, dest)], stamp, deadline)
@@ -112,7 +124,7 @@ def test_a_legit_large_stashed_message_still_arrives(chunks):
         sender.start()
         t.exchange([], [(1, memoryview(bytearray(0)))], stamp_hdr, time.monotonic() + 5)
         dest = bytearray(len(payload))
-        t.recv_p2p(1, memoryview(dest), 5, time.monotonic() + 5)
+        _recv_tagged(t, 1, memoryview(dest), 5, 5.0)
         assert bytes(dest) == payload
         sender.join()
     finally:

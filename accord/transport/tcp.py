@@ -318,7 +318,8 @@ class TcpTransport(Reports):
         self.site_text = None                    # site id -> "file:line" (set by the group)
         self.active = None                       # (recvs, sends) being progressed, for reports
         self.interrupted = None                  # an error another thread found (interrupt)
-        self._wakefd = None                      # the p2p engine's wake-up (sleep/wake)
+        # the p2p engine's wake-up (sleep/wake), made before any thread can race for it
+        self._wakefd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     # -- errors ------------------------------------------------------------
     def first_cause(self, hung_up):
@@ -429,8 +430,6 @@ class TcpTransport(Reports):
 
     def sleep(self, links, timeout):
         """Sleep until a link can move, wake() is called, or timeout seconds pass."""
-        if self._wakefd is None:
-            self._wakefd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         p = select.poll()
         p.register(self._wakefd, select.POLLIN)
         for link in links:
@@ -445,9 +444,8 @@ class TcpTransport(Reports):
 
     def wake(self):
         """Wake sleep() from another thread (new work was posted)."""
-        if self._wakefd is None:
-            self._wakefd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        os.eventfd_write(self._wakefd, 1)
+        if self._wakefd is not None:
+            os.eventfd_write(self._wakefd, 1)
 
     def _wait(self, recvs, sends, deadline):
         if self.interrupted is not None:
