@@ -14,9 +14,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import hierarchy, rendezvous
-from .algorithms import allgather, rooted, split
+from .algorithms import rooted, split
 from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
-from .algorithms.table import choose
+from .algorithms.table import choose, entry
 from .buffers import as_buf
 from .errors import Desync, GroupClosed
 from .group import ProcessGroup
@@ -449,21 +449,17 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
 
 def _broadcast_run(g, buf, root):
     """(body moving buf from root over g's own links, stamp arguments)."""
-    algo = choose("broadcast", buf.nbytes, g.size, g.options.algorithms)
-    forced = "broadcast" in g.options.algorithms
+    forced = g.options.algorithms
 
     def run(c):
         if c is not None:
-            # the transport's own whole-collective path, where it has one that applies
-            fast = None if forced else c.collective("broadcast")
-            if fast is None or not fast(c, buf.arr, root):
-                algo(c, buf.arr, root)
+            choose("broadcast", buf.nbytes, c, forced)(c, buf.arr, root)
     return run, _stamp(buf, root, count=buf.nbytes)
 
 
 def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
     total = sum(b.nbytes for b in blocks)
-    algo = choose("all_gather", total, g.size, g.options.algorithms)
+    forced = g.options.algorithms
 
     mine_block = blocks[g.rank]
     in_place = mine.arr.size and mine.arr.ctypes.data == mine_block.ctypes.data
@@ -483,13 +479,12 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
         return _run(g, opname, body, async_op, timeout, _stamp(mine, count=total))
 
     def body(c):
-        if c is not None and algo is allgather.direct:
-            # peers copy this rank's block straight from the input while it copies its own
-            algo(c, blocks, mine.arr, own)
-        else:
+        if c is None:
             own()
-            if c is not None:
-                algo(c, blocks)
+        else:
+            # direct: peers copy this rank's block straight from the input while it
+            # copies its own
+            choose("all_gather", total, c, forced)(c, blocks, mine.arr, own)
         _finish(*outs)
     return _run(g, opname, body, async_op, timeout, _stamp(mine, count=total))
 
@@ -749,15 +744,14 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
 
 def _all_reduce_run(g, buf, op):
     """(body all-reducing buf over g's own links, stamp arguments)."""
-    algo = choose("all_reduce", buf.nbytes, g.size, g.options.algorithms)
+    forced = g.options.algorithms
 
     def run(c):
         if c is not None:
             # the ring works piece by piece; recursive doubling (small messages) whole
-            need = buf.numel if algo.__name__ != "ring_allreduce" else \
-                min(-(-buf.numel // c.size), piece_elems(buf.itemsize))
-            tmp = g.scratch(buf.arr.dtype, need)
-            algo(c, buf.arr, op, buf.is_bf16, tmp)
+            e = entry("all_reduce", buf.nbytes, c, forced)
+            tmp = g.scratch(buf.arr.dtype, e.scratch(buf.numel, c.size, buf.itemsize))
+            e.fn(c, buf.arr, op, buf.is_bf16, tmp)
     return run, _stamp(buf, -1, op, buf.nbytes)
 
 

@@ -31,6 +31,7 @@ hear why.
 import time
 
 from .algorithms import rooted
+from .algorithms.table import choose
 from .reduceops import ReduceOp, finish_avg, reduce_into
 
 MIN_BYTES = {"broadcast": 256 << 10, "all_reduce": 16 << 10, "all_gather": 1 << 20,
@@ -124,13 +125,12 @@ class Hierarchy:
             # every block: a member has only its own, the leader all of them
             bufs = list(blocks)
 
+            total_here = sum(b.nbytes for b in bufs)
+
             def body(c):
                 if c is not None:
-                    fast = c.collective("broadcast_many")
-                    if fast is None or not fast(c, bufs, 0):
-                        for b in bufs:
-                            api._broadcast_run(sub, _View(b), 0)[0](c)
-            return body, api._stamp(mine, 0, count=sum(b.nbytes for b in bufs))
+                    choose("broadcast_list", total_here, c, sub.options.algorithms)(c, bufs, 0)
+            return body, api._stamp(mine, 0, count=total_here)
 
         def run(c):
             own()

@@ -40,6 +40,7 @@ import numpy as np
 
 from . import api, objects
 from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
+from .algorithms.table import choose
 from .buffers import BF16_CODE
 from .errors import Desync
 from .work import Work, completed_work
@@ -290,15 +291,13 @@ def _broadcast_bucket(g, root, bucket, async_op, timeout):
     total = sum(p.nbytes for p in pieces)
     name = "bfloat16" if bucket.code == BF16_CODE else bucket.views[0].dtype.name
 
-    # the transport's own path for a list of buffers (shm: single copy split between
-    # the root and each receiver, or at world 2 the ring with both cores copying)
-    many = "broadcast" not in g.options.algorithms
+    # shm: single copy split between the root and each receiver, or at world 2 the
+    # ring with both cores copying; else a chain (algorithms/table.py)
+    forced = g.options.algorithms
 
     def body(c):
         if c is not None:
-            fast = c.collective("broadcast_many") if many else None
-            if fast is None or not fast(c, pieces, root):
-                _chain(c, pieces, root)
+            choose("broadcast_list", total, c, forced)(c, pieces, root)
         if small.views and not is_root:
             small.unpack()
         for dst, tmp in staged:
@@ -325,25 +324,6 @@ def _pieces(flat):
         cuts.pop()
     cuts.append(flat.size)
     return [flat[a:b] for a, b in zip(cuts, cuts[1:])]
-
-
-def _chain(c, pieces, root):
-    """root -> root+1 -> ...: rank k forwards piece i while it receives piece i+1."""
-    n = c.size
-    pos = (c.rank - root) % n
-    prev, nxt = (c.rank - 1) % n, (c.rank + 1) % n
-    # one exchange per piece: a transport re-checks every pending message of an
-    # exchange each time it makes progress, so hundreds at once cost quadratic time
-    if pos == 0:
-        for p in pieces:
-            c.send(nxt, p)
-    elif pos == n - 1:
-        for p in pieces:
-            c.recv(prev, p)
-    else:
-        for i, p in enumerate(pieces):
-            c.exchange(sends=[(nxt, pieces[i - 1])] if i else [], recvs=[(prev, p)])
-        c.exchange(sends=[(nxt, pieces[-1])])
 
 
 def _when_all(works, desc):

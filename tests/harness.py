@@ -105,3 +105,28 @@ def run_ranks(world, fn, *args, timeout=60, env=None, init=True, expect_fail=Fal
                 p.kill()
                 p.join()
         server.close()
+
+
+class spy_algorithms:
+    """with spy_algorithms("broadcast") as ran: ... -- the names of the algorithms
+    that ran each call of the collective, in order (algorithms/table.py's choice)."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def __enter__(self):
+        from accord.algorithms import table
+        self.table = table.ALGORITHMS[self.op]
+        self.saved = dict(self.table)
+        ran = []
+        for name, e in self.saved.items():
+            def fn(*args, _fn=e.fn, _name=name):
+                ran.append(_name)
+                return _fn(*args)
+            self.table[name] = e._replace(fn=fn)
+        return ran
+
+    def __exit__(self, *exc):
+        self.table.clear()
+        self.table.update(self.saved)
+

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import accord as dist
-from harness import run_ranks
+from harness import run_ranks, spy_algorithms
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -368,12 +368,13 @@ def test_arena_file_is_private(monkeypatch):
 
 
 def test_arena_size_is_bounded():
-    from accord.transport.shm import CHAN_MIN, arena_layout
+    from accord.transport.shm import CHAN_MIN, P2P_CHAN_MIN, arena_layout, p2p_cap
     for size in (2, 4, 8, 16):
         cap, total = arena_layout(size, 64 << 20)
-        assert total <= 64 << 20 and cap >= CHAN_MIN
-    cap, total = arena_layout(2, 64 << 10)
-    assert CHAN_MIN <= cap < 32 << 10 and total <= 64 << 10
+        assert total <= 64 << 20 and cap >= CHAN_MIN and p2p_cap(cap) >= P2P_CHAN_MIN
+    # a small arena: both rings of each pair (collectives', point-to-point's) still fit
+    cap, total = arena_layout(2, 128 << 10)
+    assert CHAN_MIN <= cap < 64 << 10 and total <= 128 << 10
 
 
 def _no_room(rank, world):
@@ -446,7 +447,7 @@ def test_ring_of_large_isends(env):
 
 def _corrupt_header(rank, world, what):
     from accord.transport.wire import HEADER, P2P
-    t = _transport()
+    t = _transport().p2p         # the point-to-point plane's rings, which recv reads
     if rank == 0:
         if what == "huge":
             # claims half a terabyte of payload that never comes
@@ -482,20 +483,12 @@ def test_corrupt_headers_are_errors_not_allocations(what):
         assert took < 1.0
 
 
-# -- whole-collective fast paths -------------------------------------------------------------
+# -- single-copy broadcasts (algorithms/single_copy.py) ---------------------------------------
 
 def _pair_broadcast(rank, world):
-    from accord.transport import shm
-    ran = []
-    real = shm._COLLECTIVES["broadcast"]
-
-    def spy(c, arr, root):
-        done = real(c, arr, root)
-        ran.append(done)
-        return done
-    shm._COLLECTIVES["broadcast"] = spy
-    try:
-        for nbytes in (shm.COOP_MIN, 3 * shm.COOP_MIN + 5, 1000):
+    from accord.algorithms.single_copy import COOP_MIN
+    with spy_algorithms("broadcast") as names:
+        for nbytes in (COOP_MIN, 3 * COOP_MIN + 5, 1000):
             for root in (0, 1):
                 want = (np.arange(nbytes) % 251).astype(np.uint8)
                 x = want.copy() if rank == root else np.zeros(nbytes, np.uint8)
@@ -503,7 +496,7 @@ def _pair_broadcast(rank, world):
                 assert np.array_equal(x, want), (nbytes, root)
                 assert (x[:nbytes // 2] == want[:nbytes // 2]).all()
         # a view into a larger array, with an offset that is not page-aligned
-        base = np.zeros(shm.COOP_MIN + 4099, np.uint8)
+        base = np.zeros(COOP_MIN + 4099, np.uint8)
         view = base[3:-7]
         if rank == 0:
             view[:] = 7
@@ -512,14 +505,12 @@ def _pair_broadcast(rank, world):
         # both ranks think they are the root: each reads the other's stamp (without the
         # fast path, both only send until messages this large fill the rings; then each
         # finds the other's stamp at the head of its incoming ring)
-        x = np.zeros(shm.COOP_MIN, np.uint8)
+        x = np.zeros(COOP_MIN, np.uint8)
         t0 = time.monotonic()
         with pytest.raises(dist.Desync, match="root"):
             dist.broadcast(x, src=rank, timeout=10)
         assert time.monotonic() - t0 < 5
-    finally:
-        shm._COLLECTIVES["broadcast"] = real
-    return ran
+    return [name == "single_copy" for name in names]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -534,22 +525,20 @@ def test_large_broadcast_splits_the_copy(env, world):
         assert ran[:7] == want + [False, False] + want[:1], ran
 
 
-# -- receiving from any source (transport level; api.recv(src=None) is not wired yet) ---------
+# -- receiving from any source over shared memory (small, single-copy, streamed) -------------
 
 def _any_source(rank, world, n):
-    t = _transport()
-    deadline = lambda: time.monotonic() + 20      # noqa: E731
     if rank == 0:
         got = {}
         for _ in range(world - 1):
             buf = np.zeros(n, np.int32)
-            peer = t.recv_p2p_any(memoryview(buf).cast("B"), 5, deadline())
+            peer = dist.recv(buf, tag=5, timeout=20)
             assert (buf == peer).all(), (peer, buf[:4])
             got[peer] = True
-        # a message that arrived before the receive (a collective pulls it into the stash)
+        # a message that arrived before the receive was posted (it waits in the stash)
         dist.barrier()
         buf = np.zeros(n, np.int32)
-        peer = t.recv_p2p_any(memoryview(buf).cast("B"), 6, deadline())
+        peer = dist.recv(buf, tag=6, timeout=20)
         assert peer == world - 1 and (buf == 100).all()
         return sorted(got)
     if rank == 2:

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tests.harness import run_ranks
+from tests.harness import run_ranks, spy_algorithms
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -216,16 +216,7 @@ def _bucket_state(rank, salt):
 def _vectored(rank, world):
     import time
     import accord
-    from accord.transport import shm
-    ran = []
-    real = shm._COLLECTIVES["broadcast_many"]
-
-    def spy(c, bufs, root):
-        done = real(c, bufs, root)
-        ran.append(done)
-        return done
-    shm._COLLECTIVES["broadcast_many"] = spy
-    try:
+    with spy_algorithms("broadcast_list") as names:
         for salt in (4, 5):                     # root 0, then root 1
             want, state = _bucket_state(rank, salt)
             ptr = state["t3"].ctypes.data
@@ -245,9 +236,8 @@ def _vectored(rank, world):
         with pytest.raises(accord.Desync):
             accord.broadcast_state(x, src=rank, timeout=10)
         assert time.monotonic() - t0 < 5
-    finally:
-        shm._COLLECTIVES["broadcast_many"] = real
-    return ran
+    # every bucket went through the ring or the split copy, none down the plain chain
+    return [name != "chain" for name in names]
 
 
 @pytest.mark.parametrize("env", [{"ACCORD_TRANSPORT": "shm"},
@@ -257,9 +247,9 @@ def _vectored(rank, world):
 def test_two_rank_buckets_go_through_the_ring(env):
     out = run_ranks(2, _vectored, env=env, timeout=60)
     for ran in out:
-        # per root: two float32 buckets, one float64, one int16; then the small state
-        # (the desync raises inside it)
-        assert ran == [True] * 9, ran
+        # per root: two float32 buckets, one float64, one int16; then the small state,
+        # and the two-roots call (the desync raises inside it)
+        assert ran == [True] * 10, ran
 
 
 def test_ring_sends_skip_single_copy_even_when_large():
@@ -378,17 +368,10 @@ def _layouts(rank, world, src, who, specs, bucket_bytes):
     where = {k: (_addr(v), tuple(v.strides) if isinstance(v, np.ndarray) else v.stride())
              for k, v in state.items()}
     ring = world == 2 and type(accord.api._world.default.transport).__name__ == "ShmTransport"
-    if ring:
-        from accord.transport import shm
-        real, ran = shm._COLLECTIVES["broadcast_many"], []
-        shm._COLLECTIVES["broadcast_many"] = lambda c, b, r: ran.append(real(c, b, r)) or ran[-1]
-    try:
+    with spy_algorithms("broadcast_list") as names:
         accord.broadcast_state(state, src=src, bucket_bytes=bucket_bytes)
-    finally:
-        if ring:
-            shm._COLLECTIVES["broadcast_many"] = real
     if ring:    # strided tensors do not knock a bucket off the ring
-        assert ran and all(ran), ran
+        assert names and "chain" not in names, names
     for k, v in state.items():
         assert (_addr(v), tuple(v.strides) if isinstance(v, np.ndarray) else v.stride()) \
             == where[k], f"{k} was not written in place"
@@ -438,19 +421,14 @@ def test_strided_tensors_across_many_buckets(transport, world):
 
 def _split_spy(rank, world, src):
     import accord
-    from accord.transport import shm
-    real, ran = shm._split_copy, []
-    shm._split_copy = lambda c, v, r: ran.append(real(c, v, r)) or ran[-1]
-    try:
+    with spy_algorithms("broadcast_list") as names:
         want, state = _bucket_state(rank, src + 6)
         accord.broadcast_state(state, src=src)
         for k, v in want.items():
             for a, b in zip(v if isinstance(v, list) else [v],
                             state[k] if isinstance(v, list) else [state[k]]):
                 assert a.tobytes() == b.tobytes(), k
-    finally:
-        shm._split_copy = real
-    return ran
+    return [name == "single_copy" for name in names]
 
 
 @pytest.mark.parametrize("world,src", [(2, 0), (2, 1), (3, 1), (4, 0)])
@@ -462,14 +440,14 @@ def test_large_buckets_split_their_copy_between_root_and_receivers(world, src):
 
 def _split_layouts_differ(rank, world):
     import accord
-    from accord.transport import shm
+    from accord.algorithms import single_copy
     g = accord.api._world.default
     # the same total, cut differently: each rank would copy into the other's memory
     first = (4 << 20) if rank == 0 else (4 << 20) - 8
     fill = 1 if rank == 0 else 0
     bufs = [np.full(first, fill, np.uint8), np.full((4 << 20) + 8 - first, fill, np.uint8)]
     with pytest.raises(accord.Desync) as info:
-        accord.api._run(g, "broadcast", lambda c: shm.broadcast_many(c, bufs, 0), False, 10,
+        accord.api._run(g, "broadcast", lambda c: single_copy.broadcast_list(c, bufs, 0), False, 10,
                         (0, 0, 0, (4 << 20) + 8, "uint8"))
     assert (bufs[0] == fill).all() and (bufs[1] == fill).all()
     return str(info.value)

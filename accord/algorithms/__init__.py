@@ -12,38 +12,26 @@ def as_bytes(x):
     return x
 
 
-_NONE = {}
-
-
 class Comm:
-    __slots__ = ("rank", "size", "_t", "_stamp", "_deadline")
+    """rank, size, peer_memory (transport/base.py's PeerMemory, or None), and the
+    moves: exchange, send, recv."""
+    __slots__ = ("rank", "size", "peer_memory", "_t", "_stamp", "_deadline")
 
     def __init__(self, transport, stamp, deadline):
         self.rank, self.size = transport.rank, transport.size
+        self.peer_memory = transport.peer_memory
         self._t, self._stamp, self._deadline = transport, stamp, deadline
 
-    def exchange(self, sends=(), recvs=(), meanwhile=None):
-        """meanwhile(): local work (a copy) that may run while the messages move.
+    def exchange(self, sends=(), recvs=(), meanwhile=None, ring=False):
+        """Move every (peer, buffer) send and receive of one step; return when done.
 
-        A transport that can overlap them (`overlaps` true: shared memory, where a
-        peer copies the data out itself) runs it once the sends are posted; any
-        other runs it first.
+        meanwhile(): local work (a copy) run once the sends are posted, while the
+        messages move (a transport that cannot overlap them runs it first).
+        ring: stream through the shared ring even where single copy would apply.
         """
-        t = self._t
-        if meanwhile is not None and not getattr(t, "overlaps", False):
-            meanwhile()
-            meanwhile = None
         sends = [(p, as_bytes(b)) for p, b in sends]
         recvs = [(p, as_bytes(b)) for p, b in recvs]
-        if meanwhile is None:
-            t.exchange(sends, recvs, self._stamp, self._deadline)
-        else:
-            t.exchange(sends, recvs, self._stamp, self._deadline, meanwhile)
-
-    def collective(self, name):
-        """The transport's whole-collective fast path for `name` (shm), or None:
-        fn(comm, ...) -> True if it ran, False if it does not apply here."""
-        return getattr(self._t, "collectives", _NONE).get(name)
+        self._t.exchange(sends, recvs, self._stamp, self._deadline, meanwhile, ring)
 
     def send(self, peer, buf):
         self.exchange(sends=[(peer, buf)])

@@ -39,3 +39,23 @@ def chain(c, arr, root, chunk_bytes=CHAIN_CHUNK):
         c.exchange(sends=sends, recvs=[(prev, ch)])
     if not last:
         c.send(nxt, chunks[-1])
+
+
+def chain_pieces(c, pieces, root):
+    """A chain over a list of buffers: rank k forwards piece i while it receives i+1."""
+    n = c.size
+    pos = (c.rank - root) % n
+    prev, nxt = (c.rank - 1) % n, (c.rank + 1) % n
+    # one exchange per piece: a transport re-checks every pending message of an
+    # exchange each time it makes progress, so hundreds at once cost quadratic time
+    if pos == 0:
+        for p in pieces:
+            c.send(nxt, p)
+    elif pos == n - 1:
+        for p in pieces:
+            c.recv(prev, p)
+    else:
+        for i, p in enumerate(pieces):
+            c.exchange(sends=[(nxt, pieces[i - 1])] if i else [], recvs=[(prev, p)])
+        c.exchange(sends=[(nxt, pieces[-1])])
+

@@ -99,6 +99,6 @@ def ring_allreduce(c, acc, op, bf16, tmp):
     ring_reduce_scatter(c, blocks, op, bf16, tmp)
     if op == ReduceOp.AVG:
         finish_avg(blocks[c.rank], n, bf16)
-    from .allgather import ring
+    from .all_gather import ring
     ring(c, blocks)
 

@@ -1,30 +1,85 @@
-"""Which algorithm runs a collective: by message size, overridable per op.
+"""Which algorithm runs a collective: the one place where that is decided.
+
+For each collective, its algorithms in order of preference; the first whose
+`applies(comm, nbytes)` holds runs. `comm` is anything with `rank`, `size`
+and `peer_memory` (a Comm, or a group's transport when a call is planned), and
+every rank of a group gets the same answer, so all take the same path.
 
 ACCORD_ALGORITHMS=broadcast=chain,all_reduce=ring forces a choice (tests use
-it to cover every path at every size).
+it to cover every path at every size; it reaches every path, the phases of a
+hierarchical call included). A forced algorithm that cannot run here (single
+copy over TCP) leaves the default choice; forcing `broadcast` also sends
+lists of buffers (`broadcast_list`) down the plain chain.
 """
-from . import allgather, broadcast, reduction
+from typing import Callable, NamedTuple, Optional
+
+from . import all_gather, broadcast, reduction, single_copy
+
+
+class Entry(NamedTuple):
+    fn: Callable
+    applies: Optional[Callable] = None        # applies(comm, nbytes) -> bool; None: always
+    # scratch(numel, size, itemsize) -> elements of receive scratch the call needs
+    scratch: Optional[Callable] = None
+
+
+# below these sizes (bytes) the latency-bound algorithm runs
+SMALL = {"broadcast": 256 << 10, "all_gather": 64 << 10, "all_reduce": 64 << 10}
+
+
+def _small(op):
+    limit = SMALL[op]
+    return lambda c, nbytes: nbytes < limit
+
 
 ALGORITHMS = {
-    "broadcast": {"tree": broadcast.tree, "chain": broadcast.chain},
-    "all_gather": {"direct": allgather.direct, "ring": allgather.ring},
-    "all_reduce": {"recursive_doubling": reduction.recursive_doubling,
-                   "ring": reduction.ring_allreduce},
+    "broadcast": {
+        "single_copy": Entry(single_copy.broadcast, single_copy.broadcast_applies),
+        "tree": Entry(broadcast.tree, _small("broadcast")),
+        "chain": Entry(broadcast.chain),
+    },
+    # a list of buffers broadcast as one call (broadcast_state's buckets, a
+    # hierarchical all_gather's last phase)
+    "broadcast_list": {
+        "single_copy": Entry(single_copy.broadcast_list, single_copy.list_applies),
+        "ring": Entry(single_copy.ring_list, single_copy.ring_list_applies),
+        "chain": Entry(broadcast.chain_pieces),
+    },
+    "all_gather": {
+        # a ring of 2 is a single exchange: the direct path is as good and simpler
+        "direct": Entry(all_gather.direct,
+                        lambda c, nbytes: nbytes < SMALL["all_gather"] or c.size <= 2),
+        "ring": Entry(all_gather.ring),
+    },
+    "all_reduce": {
+        "recursive_doubling": Entry(reduction.recursive_doubling, _small("all_reduce"),
+                                    scratch=lambda numel, size, itemsize: numel),
+        "ring": Entry(reduction.ring_allreduce,
+                      scratch=lambda numel, size, itemsize:
+                      min(-(-numel // size), reduction.piece_elems(itemsize))),
+    },
 }
 
-# Below the threshold (bytes) the first, latency-bound, algorithm runs.
-_SMALL = {"broadcast": 256 << 10, "all_gather": 64 << 10, "all_reduce": 64 << 10}
 
-
-def choose(op, nbytes, size, forced):
+def entry(op, nbytes, comm, forced):
+    """The Entry that runs `op` on nbytes over comm; forced: ACCORD_ALGORITHMS."""
     algos = ALGORITHMS[op]
     name = forced.get(op)
+    if name is None and op == "broadcast_list" and "broadcast" in forced:
+        name = "chain"
     if name is not None:
-        try:
-            return algos[name]
-        except KeyError:
+        e = algos.get(name)
+        if e is None:
             raise ValueError(f"ACCORD_ALGORITHMS: {op} has no algorithm {name!r}; choose one "
-                             f"of {', '.join(algos)}") from None
-    small, large = list(algos.values())
-    # a ring of 2 is a single exchange: the small path is as good and simpler
-    return small if nbytes < _SMALL[op] or size <= 2 and op == "all_gather" else large
+                             f"of {', '.join(algos)}")
+        if e.applies is None or e.applies(comm, nbytes):
+            return e
+    for e in algos.values():
+        if e.applies is None or e.applies(comm, nbytes):
+            return e
+    raise AssertionError(f"no algorithm applies to {op}")     # the last one always does
+
+
+def choose(op, nbytes, comm, forced):
+    """The function that runs `op`: fn(comm, ...) with the collective's arguments."""
+    return entry(op, nbytes, comm, forced).fn

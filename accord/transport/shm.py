@@ -36,14 +36,17 @@ bytes arrive. A collective send blocked on a full ring looks at the peer's
 next message, so two ranks that both only send (both "roots") meet each
 other's stamps instead of waiting for the timeout.
 
-Whole-collective fast paths (`collectives`, consulted through
-Comm.collective): a two-rank broadcast of COOP_MIN bytes or more splits its
-copy between both cores (broadcast_pair); a two-rank broadcast of a list of
-buffers (broadcast_state's buckets) sends them all through the ring so both
-cores copy (broadcast_many). `exchange(meanwhile=)` runs local
-work (a root's own block) after the sends are posted, while peers copy.
+Single copy between ranks' memories is offered to algorithms as a capability
+(`peer_memory`, a ShmPeerMemory): the broadcasts that split their copy between
+the root and each receiver live in algorithms/single_copy.py, chosen in
+algorithms/table.py like any other. `exchange(meanwhile=)` runs local work (a
+root's own block) after the sends are posted, while peers copy;
+`exchange(ring=True)` streams through the ring even where single copy would
+apply, so both cores copy.
+
+Each ordered pair also has a second ring, the point-to-point plane (plane 1,
+with a doorbell of its own), which transport/p2p.py's engine thread drives.
 """
-import bisect
 import collections
 import mmap
 import os
@@ -52,9 +55,7 @@ import select
 import struct
 import time
 
-import numpy as np
 
-from ..algorithms import as_bytes
 from ..errors import Desync, GroupClosed
 from . import cma, futex
 from .matching import Recv, StashMatching, match_tagged
@@ -498,6 +499,7 @@ class ShmTransport(Reports):
         self._yields = 0 if size <= ncpu else YIELDS
         self._last_check = time.monotonic()
         self.cma_everywhere = False              # set by read_cma_flags
+        self._peer_memory = None
 
     # -- layout ----------------------------------------------------------------
     def rank_offset(self, r):
@@ -553,12 +555,13 @@ class ShmTransport(Reports):
         link.sends.append(s)
         return s
 
-    overlaps = True         # exchange(meanwhile=) runs local work while peers copy
-
     @property
-    def collectives(self):
-        """Whole-collective fast paths: name -> fn(comm, ...) -> True if it ran."""
-        return _COLLECTIVES
+    def peer_memory(self):
+        """Access to peers' memory (algorithms/single_copy.py); its flags say which
+        pairs may copy straight between their memories."""
+        if self._peer_memory is None:
+            self._peer_memory = ShmPeerMemory(self)
+        return self._peer_memory
 
     def exchange(self, sends, recvs, stamp, deadline, meanwhile=None, ring=False):
         """Move every (peer, buffer) send and receive; return when all are done.
@@ -931,169 +934,59 @@ class ShmTransport(Reports):
                 for h, _ in link.stash if h[0] == COLL]
 
 
-COOP_MIN = 4 << 20          # a two-rank broadcast this large splits its copy between both
-_SPLIT_CHUNK = 512 << 10     # what each side of a split copy claims at a time
+class ShmPeerMemory:
+    """The single-copy capability of a shared-memory group (transport/base.py's
+    PeerMemory): reading and writing peers' memory with process_vm_readv/writev,
+    and the two words per ordered pair a split copy claims its chunks with."""
 
+    def __init__(self, t):
+        self._t = t
 
-def broadcast_pair(c, arr, root):
-    """Broadcast between two ranks with both cores copying: the receiver reads the
-    first half out of the root (single copy), while the root writes the second half
-    straight into the receiver's buffer (process_vm_writev). Returns False (nothing
-    sent) where that does not apply; both ranks decide alike.
+    @property
+    def everywhere(self):
+        """Every pair of the group may read and write each other (all ranks agree)."""
+        return self._t.cma_everywhere
 
-    The ranks first swap their buffers' addresses (so ranks that disagree on the
-    root read each other's stamps: a Desync, not a wait); the receiver returns only
-    after the root's "done": the root never writes into a buffer its owner has left.
-    """
-    t = c._t
-    n = arr.nbytes
-    if t.size != 2:
-        # more receivers: the root writes into each from the back while each reads
-        # from the front (broadcast_many's split copy); False where it does not apply
-        return n >= COOP_MIN and arr.flags.c_contiguous and \
-            _split_copy(c, [memoryview(arr.reshape(-1).view("u1"))], root)
-    if n < COOP_MIN or t.cma_min > n // 4:
-        return False
-    peer = 1 - t.rank
-    link = t.links[peer]
-    if not (link.cma_out and link.cma_in):
-        return False
-    mv = memoryview(arr.reshape(-1).view("u1"))
-    half = (n // 2) & ~(_PAGE - 1)
-    where = bytearray(8)
-    c.exchange(sends=[(peer, struct.pack("<Q", cma.address(mv)))], recvs=[(peer, where)])
-    if t.rank == root:
-        dest = int.from_bytes(where, "little")
+    @property
+    def min_bytes(self):
+        return self._t.cma_min
 
-        def second_half():
-            try:
-                cma.write(link.pid, cma.address(mv) + half, dest + half, n - half)
-            except OSError as e:
-                t._check_abort()
-                raise t.peer_lost(peer, f"could not be written to ({e.strerror or e})") \
-                    from None
-        c.exchange(sends=[(peer, mv[:half])], meanwhile=second_half)
-        c.send(peer, _NOTHING)
-    else:
-        # the first half, then the root's word that the second is in place
-        c.exchange(recvs=[(root, mv[:half]), (root, memoryview(bytearray(0)))])
-    return True
+    def usable(self, peer):
+        link = self._t.links[peer]
+        return link.cma_out and link.cma_in
 
+    address = staticmethod(cma.address)
 
-def broadcast_many(c, bufs, root):
-    """A two-rank broadcast of a list of buffers (a bucket's tensors, in order), every
-    one through the ring, single-copy or not: the root copies piece i in while the
-    receiver copies piece i-1 out, so both cores copy at once. (A single-copy read
-    leaves the root idle, and process_vm_readv pays per 4 KiB page: on tensors'
-    ordinary pages it copies at about half memcpy's speed.) Returns False (nothing
-    sent) in groups of other sizes.
-    """
-    t = c._t
-    views = [as_bytes(b) for b in bufs]
-    if _split_copy(c, views, root):
-        return True
-    if t.size != 2:
-        return False
-    peer = 1 - t.rank
-    stamp, deadline = c._stamp, c._deadline
-    # one exchange per buffer: a send completes once its bytes are in the ring
-    if t.rank == root:
-        for v in views:
-            t.exchange([(peer, v)], (), stamp, deadline, ring=True)
-    else:
-        for v in views:
-            t.exchange((), [(root, v)], stamp, deadline)
-    return True
+    def read(self, peer, local, remote, n):
+        self._copy(cma.read, peer, local, remote, n, "read from")
 
+    def write(self, peer, local, remote, n):
+        self._copy(cma.write, peer, local, remote, n, "written to")
 
-def _split_copy(c, views, root):
-    """broadcast_many with single copies shared between the root and each receiver:
-    a receiver reads chunks out of the root's buffers from the front while the root
-    writes chunks into that receiver's from the back, until they meet (at world 2,
-    4 KiB-page tensors: ~6 ms for 50 MiB, against ~10 ms through the ring, where
-    both cores copy everything once each). Meeting wherever the two happen to be
-    balances a slower side; with several receivers the root takes a chunk from
-    each in turn.
+    def _copy(self, fn, peer, local, remote, n, verb):
+        t = self._t
+        try:
+            fn(t.links[peer].pid, local, remote, n)
+        except OSError as e:
+            # a peer that aborted (another rank died, say) and exited is gone for that
+            # reason: report it, not the missing process
+            t._check_abort()
+            raise t.peer_lost(peer, f"could not be {verb} ({e.strerror or e})") from None
 
-    Claims need no atomic instruction: each side publishes the chunk it takes,
-    fences, then reads the other's claim, and steps back only once the other
-    has moved past that chunk, so every chunk is copied at least once (a chunk
-    at the meeting point may be copied by both, with the same bytes).
+    def post_claim(self, peer, value):
+        """Publish this side's claim in a split copy with peer (then a full fence)."""
+        self._t.q[self._t.links[peer].o_split_i] = value
+        futex.fence()
 
-    The root and each receiver swap (address, length) lists first: ranks that
-    disagree on the root read each other's stamps there (a Desync), and lists whose
-    lengths differ are a Desync on both before a byte is copied, since each copies
-    into the other's memory. A last exchange both ways: neither returns while the
-    other may still touch its buffers. Returns False (nothing sent) where it does
-    not apply; every rank decides alike."""
-    t = c._t
-    total = sum(len(v) for v in views)
-    if total < COOP_MIN or t.cma_min > total // 4 or not t.cma_everywhere:
-        return False
-    me_root = t.rank == root
-    peers = [p for p in range(t.size) if p != t.rank] if me_root else [root]
-    nchunks = -(-total // _SPLIT_CHUNK)
-    q = t.q
-    # this side's claims start at its end of each range; a peer reads them only after
-    # the exchange below, whose ring writes come after these stores
-    for p in peers:
-        q[t.links[p].o_split_i] = nchunks if me_root else 0
-    mine = np.array([(cma.address(v) if len(v) else 0, len(v)) for v in views], np.uint64)
-    theirs = {p: np.empty_like(mine) for p in peers}
-    c.exchange(sends=[(p, memoryview(mine).cast("B")) for p in peers],
-               recvs=[(p, memoryview(theirs[p]).cast("B")) for p in peers])
-    for p in peers:
-        if not np.array_equal(mine[:, 1], theirs[p][:, 1]):
-            i = int(np.flatnonzero(mine[:, 1] != theirs[p][:, 1])[0])
-            raise Desync(f"{t._here()}: ranks disagree on the buffers of this broadcast: "
-                         f"buffer {i} holds {int(mine[i, 1])} bytes here and "
-                         f"{int(theirs[p][i, 1])} on {t.peer_desc(p)}")
-    here = mine[:, 0].tolist()
-    starts = [0]
-    for n in mine[:, 1].tolist():
-        starts.append(starts[-1] + n)
-    copy = cma.write if me_root else cma.read
-    # per peer: [link, its buffers' addresses, the next chunk this side takes]
-    todo = [[t.links[p], theirs[p][:, 0].tolist(), nchunks - 1 if me_root else 0]
-            for p in peers]
-    try:
-        while todo:
-            for job in list(todo):
-                link, there, k = job
-                if me_root:
-                    q[link.o_split_i] = k
-                    futex.fence()
-                    # the receiver's claim is one past the highest chunk it took
-                    done = k < 0 or q[link.i_split_i] >= k + 2
-                else:
-                    q[link.o_split_i] = k + 1
-                    futex.fence()
-                    # the root's claim is the lowest chunk it took
-                    done = k >= nchunks or q[link.i_split_i] < k
-                if done:
-                    todo.remove(job)
-                    continue
-                lo, hi = k * _SPLIT_CHUNK, min((k + 1) * _SPLIT_CHUNK, total)
-                b = bisect.bisect_right(starts, lo) - 1
-                while lo < hi:
-                    end = min(hi, starts[b + 1])
-                    if end > lo:
-                        off = lo - starts[b]
-                        copy(link.pid, here[b] + off, there[b] + off, end - lo)
-                    lo = end
-                    b += 1
-                job[2] = k - 1 if me_root else k + 1
-    except OSError as e:
-        t._check_abort()
-        raise t.peer_lost(link.peer, f"could not be {'written to' if me_root else 'read from'} "
-                                     f"({e.strerror or e})") from None
-    c.exchange(sends=[(p, _NOTHING) for p in peers],
-               recvs=[(p, memoryview(bytearray(0))) for p in peers])
-    return True
+    def peer_claim(self, peer):
+        return self._t.q[self._t.links[peer].i_split_i]
 
+    def disagree(self, text):
+        """The Desync for ranks whose buffers do not match, worded by the transport."""
+        return Desync(f"{self._t._here()}: {text}")
 
-_NOTHING = memoryview(b"")
-_COLLECTIVES = {"broadcast": broadcast_pair, "broadcast_many": broadcast_many}
+    def peer_desc(self, peer):
+        return self._t.peer_desc(peer)
 
 
 def _cma_header(header):

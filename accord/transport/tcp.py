@@ -300,6 +300,7 @@ class TcpTransport(Reports):
     """The links of one group member to every other member."""
     medium = "connection"
     p2p = None                  # a TCP group's point-to-point plane is a second mesh
+    peer_memory = None          # no single copy between hosts
 
     def __init__(self, rank, size, socks, describe_rank):
         self.rank, self.size = rank, size
@@ -348,8 +349,13 @@ class TcpTransport(Reports):
         return None
 
     # -- progress ----------------------------------------------------------
-    def exchange(self, sends, recvs, stamp, deadline):
-        """Move every (peer, buffer) send and receive; return when all are done."""
+    def exchange(self, sends, recvs, stamp, deadline, meanwhile=None, ring=False):
+        """Move every (peer, buffer) send and receive; return when all are done.
+
+        meanwhile(): local work, run first (a socket cannot move bytes while this
+        thread copies); ring: a shared-memory hint, meaningless here."""
+        if meanwhile is not None:
+            meanwhile()
         posted = []
         for peer, buf in recvs:
             r = Recv(peer, buf, stamp=stamp)

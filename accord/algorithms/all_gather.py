@@ -1,7 +1,12 @@
 """All-gather into per-rank blocks (own block already filled; sizes may differ)."""
 
 
-def ring(c, blocks):
+def ring(c, blocks, mine=None, meanwhile=None):
+    """n-1 steps, each passing one block right (bandwidth: every link busy).
+
+    meanwhile (copying this rank's own block into place) runs first."""
+    if meanwhile is not None:
+        meanwhile()
     n, r = c.size, c.rank
     right, left = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):
