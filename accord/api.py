@@ -74,7 +74,7 @@ def _connect(g, store, addr, timeout, p2p=True):
     if p2p and g.size > 1:
         g.attach_p2p(connect_p2p(store, g.name, g.rank, g.size, g.describe_rank, g.transport,
                                  addr, deadline))
-    hosts = getattr(g.transport, "hosts", None)
+    hosts = g.transport.hosts
     if hosts is not None and hierarchy.wanted(hosts):
         # several hosts, several ranks on one: shared memory inside each host as well
         g.hier = hierarchy.build(g, hosts, store, addr, timeout)

@@ -264,7 +264,7 @@ class ProcessGroup:
         try:
             result = body(Comm(t, stamp, deadline))
         except AccordError as e:
-            if getattr(t, "interrupted", None) is not None:
+            if t.interrupted is not None:
                 # the deadlock named by another thread is the cause; a peer that left
                 # because it heard the same story first is its echo
                 e, t.interrupted = t.interrupted, None

@@ -4,12 +4,18 @@ Mixin for transports with `rank`, `describe_rank`, `op_desc` (the call in
 progress), `history` and `site_text` (set by the group) and `medium` (what
 a corrupt header says cannot be trusted).
 """
-from ..errors import CommTimeout, Desync, PeerLost
+from ..errors import CommTimeout, Desync, GroupClosed, PeerLost
 from .wire import desync_text
 
 
 class Reports:
     medium = "link"
+    broken = None
+
+    def _check_usable(self):
+        """After close(): GroupClosed, before any byte is touched."""
+        if self.broken is not None and isinstance(self.broken, GroupClosed):
+            raise self.broken
 
     def peer_desc(self, peer):
         return self.describe_rank(peer)

@@ -56,7 +56,7 @@ import struct
 import time
 
 
-from ..errors import Desync, GroupClosed
+from ..errors import AccordError, Desync, GroupClosed
 from . import cma, futex
 from .matching import Recv, StashMatching, match_tagged
 from .reports import Reports
@@ -463,6 +463,7 @@ class _Link(StashMatching):
 class ShmTransport(Reports):
     """The shared-memory links of one group member to every other member."""
     medium = "shared memory"
+    hosts = None                # one host, by construction
 
     def __init__(self, rank, size, arena, describe_rank, cma_min=1 << 20, plane=0):
         """plane 0: the collectives' rings; 1: the point-to-point rings and doorbell
@@ -585,10 +586,6 @@ class ShmTransport(Reports):
             meanwhile()
         self._progress(posted, outgoing, deadline, stamp=stamp)
 
-    def _check_usable(self):
-        if self.broken is not None and isinstance(self.broken, GroupClosed):
-            raise self.broken
-
     # -- progress ------------------------------------------------------------------
     def _step(self, recvs, sends, drain):
         links = self.links
@@ -673,7 +670,7 @@ class ShmTransport(Reports):
                 now = time.monotonic()
                 if now >= deadline:
                     raise self._timeout(recvs, sends)
-                futex.wait(self._doorbell, expected, min(deadline - now, _SLICE_S))
+                self._doze(expected, min(deadline - now, _SLICE_S))
                 for i in flags:
                     q[i] = 0
                 flags = None
@@ -837,7 +834,8 @@ class ShmTransport(Reports):
 
     def sleep(self, expected, timeout):
         """Sleep on the doorbell (at most a slice: liveness is checked between)."""
-        futex.wait(self._doorbell, expected, max(0.0, min(timeout, _SLICE_S)))
+        if timeout > 0:
+            self._doze(expected, min(timeout, _SLICE_S))
         q = self.q
         for i in self._armed:
             q[i] = 0
@@ -846,6 +844,15 @@ class ShmTransport(Reports):
     def wake(self):
         """Wake sleep() from another thread (new work was posted)."""
         futex.add_and_wake(self._doorbell)
+
+    def _doze(self, expected, timeout):
+        """Sleep on this rank's doorbell while it holds expected (an OS error there
+        is said in accord's words: nothing else can be done with this arena)."""
+        try:
+            futex.wait(self._doorbell, expected, timeout)
+        except OSError as e:
+            raise AccordError(f"{self._here()}: sleeping on the shared-memory doorbell "
+                              f"failed ({e.strerror or e})") from None
 
     # -- shutdown ----------------------------------------------------------------------
     def abort(self, exc):

@@ -91,13 +91,20 @@ class Link(StashMatching):
         except BlockingIOError:
             return False
         except OSError as e:
-            if e.errno in _EOF_ERRNOS:
-                self._lost(f"reset the connection ({e.strerror})")
-            raise
+            self._os_error(e)
         if n == 0:
             self._lost("closed the connection")
         self.rend += n
         return True
+
+    def _os_error(self, e):
+        """A socket call failed: the peer's loss, said in accord's words (an OSError
+        never leaves the transport)."""
+        if e.errno in _EOF_ERRNOS:
+            self._lost(f"reset the connection ({e.strerror})")
+        self.eof = True
+        raise self.t.peer_lost(self.peer, f"is unreachable: the connection failed "
+                                          f"({e.strerror or e})") from e
 
     def _lost(self, why):
         self.eof = True
@@ -209,9 +216,7 @@ class Link(StashMatching):
                         self.incoming = (h, dest, off, owner)
                         return moved
                     except OSError as e:
-                        if e.errno in _EOF_ERRNOS:
-                            self._lost(f"reset the connection ({e.strerror})")
-                        raise
+                        self._os_error(e)
                     if k == 0:
                         self._lost("closed the connection")
                 off += k
@@ -275,9 +280,7 @@ class Link(StashMatching):
             except BlockingIOError:
                 return moved
             except OSError as e:
-                if e.errno in _EOF_ERRNOS:
-                    self._lost(f"reset the connection ({e.strerror})")
-                raise
+                self._os_error(e)
             moved = True
             while n:
                 first = s.parts[0]
@@ -301,6 +304,7 @@ class TcpTransport(Reports):
     medium = "connection"
     p2p = None                  # a TCP group's point-to-point plane is a second mesh
     peer_memory = None          # no single copy between hosts
+    hosts = None                # each member's host, when the group spans several
 
     def __init__(self, rank, size, socks, describe_rank):
         self.rank, self.size = rank, size
@@ -354,6 +358,7 @@ class TcpTransport(Reports):
 
         meanwhile(): local work, run first (a socket cannot move bytes while this
         thread copies); ring: a shared-memory hint, meaningless here."""
+        self._check_usable()
         if meanwhile is not None:
             meanwhile()
         posted = []

@@ -1,0 +1,136 @@
+"""The transport contract: what a group may ask of its links, written down once.
+
+Two media implement it, `tcp.TcpTransport` (sockets) and `shm.ShmTransport`
+(shared-memory rings); tests/transport/ runs one conformance suite against
+both, and any later medium must pass it too. Everything both media share
+lives beside this file: the receive records and matching rules
+(matching.py), the error wording (reports.py), the wire format (wire.py) and
+the point-to-point engine (p2p.py).
+
+A group member holds two transports of one medium:
+
+- the **collective plane** (`Transport`), driven by whichever thread runs the
+  group's current collective, one call at a time, in issue order;
+- the **point-to-point plane** (`Transport` plus `TaggedPlane`), driven only
+  by the group's p2p engine thread (p2p.py), never by a collective.
+
+They share nothing a call waits on: a posted receive or a blocked send on one
+plane never holds up the other.
+
+Errors. Every blocking method raises only accord's errors, never a bare
+OSError: each medium maps OS errors at its edge (a failed socket or a
+cross-memory copy that cannot be done is the peer's loss):
+
+  PeerLost     a peer died, closed while needed, or sent a frame that cannot be
+               genuine; "[reported by rank N]" when the peer aborted with a reason
+  Desync       a stamp, tag size or byte count that does not match this rank's call
+  CommTimeout  the deadline passed; the message names whom this rank waited for
+  GroupClosed  after close() or abort()
+  the exception handed to interrupt()
+
+The first failure of a collective breaks the group (group.py calls abort() on
+both planes); a point-to-point failure fails only the operations it concerns.
+"""
+from typing import Callable, Iterable, List, Optional, Protocol, Sequence, Tuple
+
+Exchange = Sequence[Tuple[int, memoryview]]
+
+
+class PeerMemory(Protocol):
+    """Single copy between ranks' memories (shm with cross-memory attach): what the
+    split-copy broadcasts of algorithms/single_copy.py need, nothing more. Every
+    flag reads words all ranks share, so every rank reaches the same answer."""
+    everywhere: bool        # every pair of the group may read and write each other
+    min_bytes: int          # ACCORD_SHM_CMA: below this, copies go through the rings
+
+    def usable(self, peer: int) -> bool: ...
+    def address(self, view: memoryview) -> int: ...
+    def read(self, peer: int, local: int, remote: int, n: int) -> None:
+        """Copy n bytes from the peer's address remote to local; PeerLost on failure."""
+    def write(self, peer: int, local: int, remote: int, n: int) -> None: ...
+    def post_claim(self, peer: int, value: int) -> None:
+        """Publish this side's claim in a split copy with peer, then fence."""
+    def peer_claim(self, peer: int) -> int: ...
+    def disagree(self, text: str) -> Exception:
+        """The Desync to raise when ranks' buffers do not match."""
+    def peer_desc(self, peer: int) -> str: ...
+
+
+class Transport(Protocol):
+    """The links of one member of a group to every other member.
+
+    Thread safety: one blocking call at a time (the group's issue order, or the
+    p2p engine, guarantees it); interrupt() and, on the point-to-point plane,
+    wake() may be called from any thread.
+    """
+    rank: int                           # this member's rank in the group
+    size: int
+    medium: str                         # "connection" | "shared memory": error messages
+    peer_memory: Optional[PeerMemory]   # single copy between memories, or None
+    p2p: Optional["Transport"]          # shm: the point-to-point plane of the same arena
+    links: dict                         # peer -> the medium's link to it
+
+    # what the group hands over (group.py) so that errors can name calls and sites
+    history: Optional[Callable[[int], Optional[str]]]      # seq -> this rank's call then
+    site_text: Optional[Callable[[int], Optional[str]]]    # call site id -> "file:line"
+    reason_of: Optional[Callable[[int], Optional[Exception]]]  # peer -> its abort reason
+    op_desc: str                        # the call in progress, for messages
+    active: Optional[tuple]             # (recvs, sends) being waited on, for reports
+    interrupted: Optional[BaseException]  # set by interrupt(); the group clears it per call
+    hosts: Optional[list]               # TCP over several hosts: each member's host (hierarchy)
+
+    def exchange(self, sends: Exchange, recvs: Exchange, stamp, deadline: float,
+                 meanwhile: Optional[Callable[[], None]] = None, ring: bool = False) -> None:
+        """Move every (peer, view) send and receive of one step of a collective,
+        each message stamped with `stamp`; return when all are done.
+
+        meanwhile(): local work run once the sends are posted, while peers copy
+        (a medium that cannot overlap runs it first). ring: stream through the
+        shared ring even where single copy would apply (shm only).
+        A message whose stamp does not match is a Desync naming both calls; a
+        send that cannot move while a peer sends this call a mismatching stamp
+        (both "roots") is a Desync too, not a wait for the deadline."""
+
+    def interrupt(self, exc: BaseException) -> None:
+        """End the blocked call with exc within one wait slice (another thread
+        proved it can never complete: deadlock.py)."""
+
+    def abort(self, exc: BaseException) -> None:
+        """Tell every peer why this group is broken, then hang up. Idempotent."""
+
+    def close(self, grace: float = 0.0) -> List[Tuple[int, tuple]]:
+        """Say goodbye and release the links; with grace > 0 first read peers'
+        last messages (at most grace seconds) and return the collective headers
+        no call of this rank read, (peer, header) each, for the Desync at destroy.
+        A forked child's close() leaves the parent's links working."""
+
+
+class TaggedPlane(Protocol):
+    """What the point-to-point engine (p2p.py) needs of its plane, besides
+    `links` (each with `posted`, `stash`, `sends`, `unacked`, `incoming` and
+    `take_stashed(recv)`). All but wake() run on the engine thread only."""
+
+    def tagged_send(self, peer: int, view: memoryview, tag: int):
+        """Queue (or write at once) a tagged message; the record's `done` turns
+        true once the bytes are out of view (delivered, or where the peer finds them)."""
+
+    def withdraw_send(self, record) -> bool:
+        """Take back a send none of whose bytes left; False if it is under way."""
+
+    def step_link(self, link) -> bool:
+        """Write what is queued, read everything the peer sent (into posted receives
+        or the stash); True if a byte moved. Raises the link's failure."""
+
+    def lost_peers(self) -> dict:
+        """{peer: error} for peers found dead, departed or aborted without reading
+        from them (shared memory; sockets report it by reading)."""
+
+    def arm(self, links: Iterable) -> object:
+        """Before sleeping: say what is awaited on each link; returns a token for
+        sleep(). A byte that arrives after arm() wakes sleep(), never lost."""
+
+    def sleep(self, token: object, timeout: float) -> None:
+        """Sleep until a link can move, wake() is called, or timeout seconds pass."""
+
+    def wake(self) -> None:
+        """From any thread: end the engine's sleep (work was posted)."""

@@ -1,0 +1,278 @@
+"""One conformance suite for every transport (the contract of accord/transport/base.py).
+
+Each check_* takes a maker: make(size) -> list of (collective plane, p2p plane)
+per rank, all in this process (ranks are threads), and close(planes). A new
+medium passes when every check passes with its maker (test_conformance.py).
+"""
+import threading
+import time
+
+import numpy as np
+
+from accord.errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
+from accord.transport.p2p import Engine, Pending
+from accord.transport.wire import OP_CODES, Stamp
+
+BCAST, REDUCE = OP_CODES["broadcast"], OP_CODES["all_reduce"]
+
+
+def stamp(seq, n, op=BCAST):
+    return Stamp(op, seq, -1, 0, 0, n, "uint8")
+
+
+def in_threads(*fns, timeout=30):
+    """Run each fn() in a thread of its own; return their results (or raised errors)."""
+    out = [None] * len(fns)
+
+    def run(i, fn):
+        try:
+            out[i] = fn()
+        except BaseException as e:        # the check inspects it
+            out[i] = e
+    ts = [threading.Thread(target=run, args=(i, fn), daemon=True) for i, fn in enumerate(fns)]
+    for t in ts:
+        t.start()
+    end = time.monotonic() + timeout
+    for t in ts:
+        t.join(max(0.0, end - time.monotonic()))
+    hung = [i for i, t in enumerate(ts) if t.is_alive()]
+    assert not hung, f"ranks {hung} hung"
+    return out
+
+
+def ok(results):
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+def payload(n, *seed):
+    return np.random.default_rng([n, *seed]).integers(0, 256, n, dtype=np.uint8)
+
+
+def ring_bytes(t):
+    return getattr(t, "cap", 1 << 20)
+
+
+# -- collective plane -------------------------------------------------------------------
+
+def check_fifo(maker, size=3):
+    """Messages of every awkward size, each ordered pair, both ways at once, in order."""
+    planes = maker.make(size)
+    try:
+        cap = ring_bytes(planes[0][0])
+        sizes = [0, 1, 31, 32, 33, cap - 1, cap + 1, 3 * cap] * 3
+
+        def rank(r):
+            t = planes[r][0]
+            for i, n in enumerate(sizes):
+                peers = [p for p in range(size) if p != r]
+                got = {p: np.zeros(n, np.uint8) for p in peers}
+                t.exchange([(p, memoryview(payload(n, r, p, i))) for p in peers],
+                           [(p, memoryview(got[p])) for p in peers], stamp(i, n),
+                           time.monotonic() + 20)
+                for p in peers:
+                    assert np.array_equal(got[p], payload(n, p, r, i)), (r, p, i, n)
+            return True
+        assert ok(in_threads(*[lambda r=r: rank(r) for r in range(size)], timeout=60))
+    finally:
+        maker.close(planes)
+
+
+def check_both_ways_full(maker):
+    """One exchange sending three rings' worth each way between two ranks."""
+    planes = maker.make(2)
+    try:
+        n = 3 * ring_bytes(planes[0][0])
+
+        def rank(r):
+            got = np.zeros(n, np.uint8)
+            planes[r][0].exchange([(1 - r, memoryview(payload(n, r)))], [(1 - r, memoryview(got))],
+                                  stamp(0, n), time.monotonic() + 20)
+            return bool(np.array_equal(got, payload(n, 1 - r)))
+        assert ok(in_threads(lambda: rank(0), lambda: rank(1))) == [True, True]
+    finally:
+        maker.close(planes)
+
+
+def check_stamps(maker):
+    """Different ops in one step: a Desync on both ranks, naming both calls."""
+    planes = maker.make(2)
+    try:
+        def rank(r):
+            buf = np.zeros(8, np.uint8)
+            planes[r][0].exchange([(1 - r, memoryview(np.ones(8, np.uint8)))],
+                                  [(1 - r, memoryview(buf))],
+                                  stamp(0, 8, BCAST if r == 0 else REDUCE),
+                                  time.monotonic() + 10)
+        out = in_threads(lambda: rank(0), lambda: rank(1))
+        for e in out:
+            assert isinstance(e, Desync), e
+            assert "broadcast" in str(e) and "all_reduce" in str(e), e
+    finally:
+        maker.close(planes)
+
+
+def check_deadline(maker):
+    """A silent peer: CommTimeout within the deadline and a half, naming the peer."""
+    planes = maker.make(2)
+    try:
+        t0 = time.monotonic()
+        e = in_threads(lambda: planes[0][0].exchange(
+            [], [(1, memoryview(bytearray(4)))], stamp(0, 4), time.monotonic() + 0.3))[0]
+        assert isinstance(e, CommTimeout) and "rank 1" in str(e), e
+        assert time.monotonic() - t0 < 0.3 + 1.5
+    finally:
+        maker.close(planes)
+
+
+def check_interrupt(maker):
+    """interrupt(exc) from another thread ends a blocked exchange with exc."""
+    planes = maker.make(2)
+    try:
+        t = planes[0][0]
+        why = Desync("a cycle of waits (test)")
+
+        def later():
+            time.sleep(0.2)
+            t.interrupt(why)
+        e = in_threads(lambda: t.exchange([], [(1, memoryview(bytearray(4)))], stamp(0, 4),
+                                          time.monotonic() + 20), later)[0]
+        assert e is why
+    finally:
+        maker.close(planes)
+
+
+def check_abort(maker):
+    """A peer's abort(exc) reaches a rank waiting on it as exc's type, with who said so."""
+    planes = maker.make(2)
+    try:
+        def waiter():
+            planes[0][0].exchange([], [(1, memoryview(bytearray(4)))], stamp(0, 4),
+                                  time.monotonic() + 20)
+
+        def aborter():
+            time.sleep(0.2)
+            planes[1][0].abort(Desync("rank 1: the shapes differ (test)"))
+        e = in_threads(waiter, aborter)[0]
+        assert isinstance(e, Desync) and "the shapes differ" in str(e) and \
+            "reported by rank 1" in str(e), e
+    finally:
+        maker.close(planes)
+
+
+def check_goodbye(maker):
+    """A peer that closes while needed: PeerLost saying it left."""
+    planes = maker.make(2)
+    try:
+        def waiter():
+            planes[0][0].exchange([], [(1, memoryview(bytearray(4)))], stamp(0, 4),
+                                  time.monotonic() + 20)
+
+        def leaver():
+            time.sleep(0.2)
+            maker.close([planes[1]])
+        e = in_threads(waiter, leaver)[0]
+        assert isinstance(e, PeerLost) and "left the group" in str(e), e
+    finally:
+        maker.close([planes[0]])
+
+
+def check_closed(maker):
+    """After close(): GroupClosed from every call; close() twice is fine."""
+    planes = maker.make(2)
+    maker.close(planes)
+    maker.close(planes)
+    for t, _ in planes:
+        try:
+            t.exchange([], [(1, memoryview(bytearray(4)))], stamp(0, 4), time.monotonic() + 5)
+        except GroupClosed:
+            continue
+        raise AssertionError("exchange after close did not raise GroupClosed")
+
+
+def check_os_errors(maker):
+    """An OS error at the medium's edge surfaces as accord's error, never a bare OSError."""
+    planes = maker.make(2)
+    try:
+        undo = maker.fault(planes[0][0], 1)
+        try:
+            n = 4 << 20
+            out = in_threads(
+                lambda: planes[0][0].exchange([], [(1, memoryview(np.zeros(n, np.uint8)))],
+                                              stamp(0, n), time.monotonic() + 10),
+                lambda: planes[1][0].exchange([(0, memoryview(np.ones(n, np.uint8)))], [],
+                                              stamp(0, n), time.monotonic() + 3))
+        finally:
+            undo()
+        assert isinstance(out[0], AccordError), out[0]
+        assert not isinstance(out[1], OSError) or isinstance(out[1], AccordError), out[1]
+    finally:
+        maker.close(planes)
+
+
+# -- point-to-point plane (through the engine, as a group drives it) ----------------------
+
+def engines(planes):
+    return [Engine(p2p, "conformance", list(range(len(planes))), f"rank {r}")
+            for r, (_, p2p) in enumerate(planes)]
+
+
+def post(engine, is_send, peer, buf, tag, timeout=20.0):
+    op = Pending(is_send, peer, memoryview(buf).cast("B"), tag, timeout,
+                 f"{'send' if is_send else 'recv'} tag {tag}")
+    engine.post([op])
+    return op.future
+
+
+def check_tagged(maker):
+    """Receives posted in another order than the sends, before them; any source; a
+    message larger than the ring; truncation fails the receive only."""
+    planes = maker.make(3)
+    es = engines(planes)
+    try:
+        big = 3 * ring_bytes(planes[0][1]) + 5
+        got = {t: np.zeros(n, np.uint8) for t, n in ((1, 10), (2, big), (3, 7))}
+        futs = [post(es[1], False, 0, got[t], t) for t in (3, 1, 2)]
+        anyf = post(es[1], False, None, any_buf := np.zeros(4, np.uint8), 9)
+        short = post(es[1], False, 0, np.zeros(2, np.uint8), 5)
+        sends = [post(es[0], True, 1, payload(n, t), t) for t, n in ((1, 10), (2, big), (3, 7))]
+        sends.append(post(es[2], True, 1, np.full(4, 2, np.uint8), 9))
+        sends.append(post(es[0], True, 1, np.zeros(8, np.uint8), 5))
+        for f in futs + sends:
+            assert f.result(30) in (0, None)
+        assert anyf.result(30) == 2 and (any_buf == 2).all()
+        e = short.exception(30)
+        assert isinstance(e, Desync) and "8 bytes" in str(e) and "holds 2 bytes" in str(e), e
+        for t, n in ((1, 10), (2, big), (3, 7)):
+            assert np.array_equal(got[t], payload(n, t)), t
+    finally:
+        for e in es:
+            e.close()
+        maker.close(planes)
+
+
+def check_tagged_peer_lost(maker):
+    """A peer that leaves fails the receives posted from it, not those from others."""
+    planes = maker.make(3)
+    es = engines(planes)
+    try:
+        from_1 = post(es[0], False, 1, np.zeros(4, np.uint8), 0)
+        from_2 = post(es[0], False, 2, got := np.zeros(4, np.uint8), 0)
+        time.sleep(0.1)
+        es[1].close()
+        maker.close([planes[1]])
+        e = from_1.exception(10)
+        assert isinstance(e, PeerLost) and "rank 1" in str(e), e
+        post(es[2], True, 0, np.full(4, 7, np.uint8), 0).result(10)
+        assert from_2.result(10) == 2 and (got == 7).all()
+    finally:
+        for e in es:
+            e.close()
+        maker.close([planes[0], planes[2]])
+
+
+CHECKS = [check_fifo, check_both_ways_full, check_stamps, check_deadline, check_interrupt,
+          check_abort, check_goodbye, check_closed, check_os_errors, check_tagged,
+          check_tagged_peer_lost]
