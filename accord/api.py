@@ -7,13 +7,15 @@ issue order. Ranks are global in arguments (src, dst) and group-local inside.
 from __future__ import annotations
 
 import atexit
+import logging
 import sys
 import threading
+import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import hierarchy, rendezvous
+from . import debug, hierarchy, rendezvous
 from .algorithms import rooted, split
 from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
 from .algorithms.table import choose, entry
@@ -27,6 +29,8 @@ from .transport.factory import build_transport, connect_p2p
 from .transport.wire import NO_DTYPE
 from .work import Work, completed_work
 from ._types import Tensor, Timeout
+
+_log = logging.getLogger("accord")
 
 _EMPTY = np.empty(0, dtype=np.uint8)
 
@@ -319,6 +323,30 @@ def _group(group):
     return _require_world().default
 
 
+# Groups this process was told it is not a member of (a WeakSet: a destroyed
+# group is forgotten with it).
+_told_not_member = weakref.WeakSet()
+
+
+def _not_member(g, opname):
+    """A call on a group this rank is not a member of: it does nothing, as in torch.
+
+    torch says nothing, and a rank that expected the call to run then waits or
+    computes on data that never came. Said once per group (a non-member may
+    skip every call of a training loop), at INFO: the rule is torch's, not an
+    error, and ACCORD_DEBUG=INFO/DETAIL (or the user's logging) shows it.
+    """
+    if g not in _told_not_member:
+        _told_not_member.add(g)
+        if _log.isEnabledFor(logging.INFO):
+            where = debug.call_site()[1]
+            _log.info("rank %s is not a member of group %r (ranks %s): its %s%s does "
+                      "nothing, as in torch.distributed, and so will its later calls on that "
+                      "group (said once per group)", g.global_rank, g.name, g.ranks, opname,
+                      f" at {where}" if where else "")
+    return None
+
+
 def get_rank(group: Optional[ProcessGroup] = None) -> int:
     """This process's rank in `group` (default: its global rank); -1 if not a member.
 
@@ -434,7 +462,7 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "broadcast")
     root = _root(g, src, group_src, "src")
     buf = as_buf(tensor, "tensor", writable=g.rank != root)   # the root only reads
     run, stamp = _broadcast_run(g, buf, root)
@@ -521,7 +549,7 @@ def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor,
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "all_gather")
     mine = as_buf(tensor, "tensor", writable=False)
     outs = _list(g, tensor_list, "tensor_list")
     _same_dtype(mine, outs, "tensor_list", "tensor")
@@ -561,7 +589,7 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor,
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "all_gather_into_tensor")
     mine = as_buf(input_tensor, "input_tensor", writable=False)
     out = as_buf(output_tensor, "output_tensor")
     _same_dtype(mine, [out], "output_tensor", "input_tensor")
@@ -616,7 +644,7 @@ def gather(tensor: Tensor, gather_list: Optional[Sequence[Tensor]] = None,
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "gather")
     root = _root(g, dst, group_dst, "dst")
     mine = as_buf(tensor, "tensor", writable=False)
     outs = _optional_list(g, gather_list, "gather_list", g.rank == root, "dst")
@@ -668,7 +696,7 @@ def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "scatter")
     root = _root(g, src, group_src, "src")
     mine = as_buf(tensor, "tensor")
     # the root only reads its scatter_list: read-only sources are fine
@@ -697,7 +725,7 @@ def reduce(tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SU
     """The collective behind `accord.reduce`: see `accord.reduce`."""
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "reduce")
     root = _root(g, dst, group_dst, "dst")
     op = as_reduce_op(op)
     buf = as_buf(tensor, "tensor")
@@ -728,7 +756,7 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
     """The collective behind `accord.all_reduce`: see `accord.all_reduce`."""
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "all_reduce")
     op = as_reduce_op(op)
     buf = as_buf(tensor, "tensor")
     check_op(op, buf)
@@ -810,7 +838,7 @@ def reduce_scatter(output: Tensor, input_list: Sequence[Tensor], op: ReduceOp = 
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "reduce_scatter")
     op = as_reduce_op(op)
     out = as_buf(output, "output")
     ins = [as_buf(t, f"input_list[{i}]", writable=False) for i, t in
@@ -853,7 +881,7 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "reduce_scatter_tensor")
     op = as_reduce_op(op)
     out = as_buf(output, "output")
     inp = as_buf(input, "input", writable=False)
@@ -913,7 +941,7 @@ def all_to_all(output_tensor_list: Sequence[Tensor], input_tensor_list: Sequence
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "all_to_all")
     outs = _list(g, output_tensor_list, "output_tensor_list")
     ins = [as_buf(t, f"input_tensor_list[{i}]", writable=False) for i, t in
            enumerate(_check_len(g, input_tensor_list, "input_tensor_list"))]
@@ -975,7 +1003,7 @@ def all_to_all_single(output: Tensor, input: Tensor,
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "all_to_all_single")
     out = as_buf(output, "output")
     inp = as_buf(input, "input", writable=False)
     _same_dtype(out, [inp], "input", "output")
@@ -1015,7 +1043,7 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     """
     g = _group(group)
     if not g.is_member:
-        return None
+        return _not_member(g, "barrier")
     body, stamp = _barrier_run(g)
     return _run(g, "barrier", body, async_op, timeout, stamp)
 
@@ -1067,9 +1095,9 @@ def _p2p_pending(g, is_send, tensor, peer_global, peer_local, tag, timeout, opna
 
 def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
     g = _group(group)
-    if not g.is_member:
-        return None
     opname = ("isend" if async_op else "send") if is_send else ("irecv" if async_op else "recv")
+    if not g.is_member:
+        return _not_member(g, opname)
     op = _p2p_pending(g, is_send, tensor, peer, group_peer, tag, timeout, opname)
     g.post_p2p([op])
     if async_op:
@@ -1186,6 +1214,7 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         raise ValueError("p2p_op_list: all ops need to use the same group")
     g = _group(ops[0].group)
     if not g.is_member:
+        _not_member(g, "batch_isend_irecv")
         return []
     pending = []
     for o in ops:

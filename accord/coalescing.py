@@ -177,7 +177,7 @@ class coalescing:
         if not self._open:
             raise RuntimeError("coalescing: the block is closed")
         if not self.group.is_member:
-            return None
+            return api._not_member(self.group, kind)
         run = self._runs[-1] if self._runs else None
         ptr = (view.__array_interface__["data"][0], view.nbytes)
         if run is None or run.kind != kind or run.key != key or ptr in run.ptrs:

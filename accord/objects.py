@@ -151,7 +151,7 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
     """
     g = api._group(group)
     if not g.is_member:
-        return None
+        return api._not_member(g, "broadcast_object_list")
     if not isinstance(object_list, list):
         raise TypeError(f"object_list: expected a list, got {type(object_list).__name__}")
     root = api._root(g, src, group_src, "src")
@@ -257,7 +257,7 @@ def all_gather_object(object_list: List[Any], obj: Any, group: Optional[ProcessG
     """
     g = api._group(group)
     if not g.is_member:
-        return None
+        return api._not_member(g, "all_gather_object")
     api._check_len(g, object_list, "object_list")
     mine = _Region.of(obj)
     sizes = _all_sizes(g, mine.size, timeout)
@@ -302,7 +302,7 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
     """
     g = api._group(group)
     if not g.is_member:
-        return None
+        return api._not_member(g, "gather_object")
     root = api._root(g, dst, group_dst, "dst")
     is_root = g.rank == root
     if is_root:
@@ -360,7 +360,7 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     """
     g = api._group(group)
     if not g.is_member:
-        return None
+        return api._not_member(g, "scatter_object_list")
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("scatter_object_output_list: expected a list with at least one element")
     root = api._root(g, src, group_src, "src")

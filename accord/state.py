@@ -230,7 +230,7 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     """
     g = api._group(group)
     if not g.is_member:
-        return None
+        return api._not_member(g, "broadcast_state")
     root = api._root(g, src, group_src, "src")
     bucket_bytes = check_bucket_bytes(bucket_bytes)
     module = obj if _is_module(obj) else None
