@@ -1,6 +1,7 @@
 """The README's quick start, walked as a new user would: a fresh virtual environment,
 accord installed into it (from the source tree, and from the wheel `python -m build`
-makes), the README's hello.py run under `accord run -n 4`.
+makes, which `twine check` accepts with its sdist), the README's hello.py run under
+`accord run -n 4`.
 
 The program, the command and the expected output are read from README.md itself, so
 the test fails when the README stops being true. The environments are plain venvs
@@ -121,8 +122,14 @@ def test_readme_quick_start_in_a_fresh_venv(tmp_path):
 def test_built_wheel_installs_and_runs_the_quick_start(tmp_path):
     src = _copy_tree(tmp_path / "accord-src")
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", dist, src], tmp_path)
+    # no --wheel: build makes the sdist, then the wheel from the unpacked sdist, so a
+    # file missing from the sdist breaks the wheel too
+    _run([sys.executable, "-m", "build", "--outdir", dist, src], tmp_path)
     wheels = list(dist.glob("accord-*-py3-none-any.whl"))
-    assert len(wheels) == 1, list(dist.iterdir())
+    sdists = list(dist.glob("accord-*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, list(dist.iterdir())
+    checked = _run([sys.executable, "-m", "twine", "check", "--strict", wheels[0], sdists[0]],
+                   tmp_path)
+    assert checked.count("PASSED") == 2, checked
     venv = _fresh_venv(tmp_path, str(wheels[0]))
     _walk_quick_start(tmp_path, venv)
