@@ -15,10 +15,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import debug, hierarchy, rendezvous
+from . import debug, hierarchy, plans, rendezvous
 from .algorithms import rooted, split
-from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
-from .algorithms.table import choose, entry
+from .algorithms.reduction import piece_elems, ring_reduce_scatter
+from .algorithms.table import choose
 from .buffers import as_buf
 from .errors import Desync, GroupClosed
 from .group import ProcessGroup
@@ -26,13 +26,10 @@ from .options import Options, to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
 from .transport.connect import local_address
 from .transport.factory import build_transport, connect_p2p
-from .transport.wire import NO_DTYPE
-from .work import Work, completed_work
+from .work import Work
 from ._types import Tensor, Timeout
 
 _log = logging.getLogger("accord")
-
-_EMPTY = np.empty(0, dtype=np.uint8)
 
 
 class _World:
@@ -81,7 +78,8 @@ def _connect(g, store, addr, timeout, p2p=True):
     hosts = g.transport.hosts
     if hosts is not None and hierarchy.wanted(hosts):
         # several hosts, several ranks on one: shared memory inside each host as well
-        g.hier = hierarchy.build(g, hosts, store, addr, timeout)
+        g.hier = hierarchy.build(g, hosts,
+                                 lambda sub: _connect(sub, store, addr, timeout, p2p=False))
 
 
 def _build_group(w, name, ranks, timeout):
@@ -433,20 +431,6 @@ def _same_size(a, b, arg, ref_arg):
                          f"{b.numel} ({b.describe()})")
 
 
-def _stamp(buf, root=-1, op=0, count=-1):
-    return (root, buf.dtype_code, int(op), count, buf.dtype_name, buf.shape)
-
-
-def _run(g, opname, body, async_op, timeout, stamp_args):
-    timeout = to_seconds(timeout, "timeout")
-    if g.size == 1:
-        # a group of one moves no bytes; run the local part on the caller's thread
-        g.check_open()
-        body(None)
-        return completed_work(opname) if async_op else None
-    return g.submit(opname, body, async_op, timeout, stamp_args)
-
-
 def _finish(*bufs):
     for b in bufs:
         b.finish()
@@ -465,24 +449,14 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
         return _not_member(g, "broadcast")
     root = _root(g, src, group_src, "src")
     buf = as_buf(tensor, "tensor", writable=g.rank != root)   # the root only reads
-    run, stamp = _broadcast_run(g, buf, root)
+    run, stamp = plans.broadcast_run(g, buf, root)
     if hierarchy.phased(g, "broadcast", buf.nbytes):
         run = g.hier.broadcast(buf, root)
 
     def body(c):
         run(c)
         buf.finish()
-    return _run(g, "broadcast", body, async_op, timeout, stamp)
-
-
-def _broadcast_run(g, buf, root):
-    """(body moving buf from root over g's own links, stamp arguments)."""
-    forced = g.options.algorithms
-
-    def run(c):
-        if c is not None:
-            choose("broadcast", buf.nbytes, c, forced)(c, buf.arr, root)
-    return run, _stamp(buf, root, count=buf.nbytes)
+    return plans.run(g, "broadcast", body, async_op, timeout, stamp)
 
 
 def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
@@ -504,7 +478,7 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
         def body(c):
             run(c)
             _finish(*outs)
-        return _run(g, opname, body, async_op, timeout, _stamp(mine, count=total))
+        return plans.run(g, opname, body, async_op, timeout, plans.stamp(mine, count=total))
 
     def body(c):
         if c is None:
@@ -514,7 +488,7 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
             # copies its own
             choose("all_gather", total, c, forced)(c, blocks, mine.arr, own)
         _finish(*outs)
-    return _run(g, opname, body, async_op, timeout, _stamp(mine, count=total))
+    return plans.run(g, opname, body, async_op, timeout, plans.stamp(mine, count=total))
 
 
 def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor,
@@ -659,7 +633,7 @@ def gather(tensor: Tensor, gather_list: Optional[Sequence[Tensor]] = None,
             rooted.gather(c, mine.arr, outs and [o.arr for o in outs], root)
         if outs is not None:
             _finish(*outs)
-    return _run(g, "gather", body, async_op, timeout, _stamp(mine, root))
+    return plans.run(g, "gather", body, async_op, timeout, plans.stamp(mine, root))
 
 
 def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
@@ -716,7 +690,7 @@ def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
         elif own is not None:
             own()
         mine.finish()
-    return _run(g, "scatter", body, async_op, timeout, _stamp(mine, root))
+    return plans.run(g, "scatter", body, async_op, timeout, plans.stamp(mine, root))
 
 
 def reduce(tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM,
@@ -730,25 +704,13 @@ def reduce(tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SU
     op = as_reduce_op(op)
     buf = as_buf(tensor, "tensor")
     check_op(op, buf)
-    run, stamp = _reduce_run(g, buf, root, op)
+    run, stamp = plans.reduce_run(g, buf, root, op)
 
     def body(c):
         run(c)
         if g.rank == root:
             buf.finish()
-    return _run(g, "reduce", body, async_op, timeout, stamp)
-
-
-def _reduce_run(g, buf, root, op, in_place=False):
-    """(body reducing buf to root over g's links, stamp arguments); in_place: a
-    non-root's buf may be used as scratch (it is overwritten afterwards anyway)."""
-    def run(c):
-        if c is not None:
-            # non-root inputs stay untouched, as NCCL leaves them
-            acc = buf.arr if c.rank == root or in_place else buf.arr.copy()
-            tmp = g.scratch(buf.arr.dtype, min(buf.numel, piece_elems(buf.itemsize)))
-            tree_reduce(c, acc, root, op, buf.is_bf16, tmp)
-    return run, _stamp(buf, root, op, buf.nbytes)
+    return plans.run(g, "reduce", body, async_op, timeout, stamp)
 
 
 def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
@@ -760,27 +722,14 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
     op = as_reduce_op(op)
     buf = as_buf(tensor, "tensor")
     check_op(op, buf)
-    run, stamp = _all_reduce_run(g, buf, op)
+    run, stamp = plans.all_reduce_run(g, buf, op)
     if hierarchy.phased(g, "all_reduce", buf.nbytes):
         run = g.hier.all_reduce(buf, op)
 
     def body(c):
         run(c)
         buf.finish()
-    return _run(g, "all_reduce", body, async_op, timeout, stamp)
-
-
-def _all_reduce_run(g, buf, op):
-    """(body all-reducing buf over g's own links, stamp arguments)."""
-    forced = g.options.algorithms
-
-    def run(c):
-        if c is not None:
-            # the ring works piece by piece; recursive doubling (small messages) whole
-            e = entry("all_reduce", buf.nbytes, c, forced)
-            tmp = g.scratch(buf.arr.dtype, e.scratch(buf.numel, c.size, buf.itemsize))
-            e.fn(c, buf.arr, op, buf.is_bf16, tmp)
-    return run, _stamp(buf, -1, op, buf.nbytes)
+    return plans.run(g, "all_reduce", body, async_op, timeout, stamp)
 
 
 def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, total_bytes):
@@ -803,8 +752,8 @@ def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, t
             finish_avg(blocks[g.rank], g.size, out.is_bf16)
         np.copyto(out.arr, blocks[g.rank], casting="no")
         out.finish()
-    return _run(g, "reduce_scatter", body, async_op, timeout,
-                _stamp(out, -1, op, total_bytes))
+    return plans.run(g, "reduce_scatter", body, async_op, timeout,
+                     plans.stamp(out, -1, op, total_bytes))
 
 
 def reduce_scatter(output: Tensor, input_list: Sequence[Tensor], op: ReduceOp = ReduceOp.SUM,
@@ -909,7 +858,7 @@ def _all_to_all_blocks(g, ref, outs, out_blocks, in_blocks, async_op, timeout):
         if c is not None:
             rooted.all_to_all(c, out_blocks, in_blocks)
         _finish(*outs)
-    return _run(g, "all_to_all", body, async_op, timeout, _stamp(ref))
+    return plans.run(g, "all_to_all", body, async_op, timeout, plans.stamp(ref))
 
 
 def all_to_all(output_tensor_list: Sequence[Tensor], input_tensor_list: Sequence[Tensor],
@@ -1044,15 +993,8 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     g = _group(group)
     if not g.is_member:
         return _not_member(g, "barrier")
-    body, stamp = _barrier_run(g)
-    return _run(g, "barrier", body, async_op, timeout, stamp)
-
-
-def _barrier_run(g):
-    def run(c):
-        if c is not None:
-            rooted.barrier(c, _EMPTY)
-    return run, (-1, NO_DTYPE, 0, 0, "")
+    body, stamp = plans.barrier_run(g)
+    return plans.run(g, "barrier", body, async_op, timeout, stamp)
 
 
 # -- point to point ---------------------------------------------------------------

@@ -30,8 +30,10 @@ hear why.
 """
 import time
 
+from . import plans
 from .algorithms import rooted
 from .algorithms.table import choose
+from .group import ProcessGroup
 from .reduceops import ReduceOp, finish_avg, reduce_into
 
 MIN_BYTES = {"broadcast": 256 << 10, "all_reduce": 16 << 10, "all_gather": 1 << 20,
@@ -65,36 +67,32 @@ class Hierarchy:
 
     # -- the phases ---------------------------------------------------------------
     def broadcast(self, buf, root):
-        from . import api
-
         def run(c):
             rh = self.host_of[root]
             if self.my_host == rh:
-                self._call(c, self.local, "broadcast", api._broadcast_run, buf,
+                self._call(c, self.local, "broadcast", plans.broadcast_run, buf,
                            self.local_index[root])
             if self.leaders is not None:
-                self._call(c, self.leaders, "broadcast", api._broadcast_run, buf, rh)
+                self._call(c, self.leaders, "broadcast", plans.broadcast_run, buf, rh)
             if self.my_host != rh:
-                self._call(c, self.local, "broadcast", api._broadcast_run, buf, 0)
+                self._call(c, self.local, "broadcast", plans.broadcast_run, buf, 0)
         return run
 
     def all_reduce(self, buf, op):
-        from . import api
         # partial results are sums; an average is taken once, of the whole
         phase = ReduceOp.SUM if op == ReduceOp.AVG else op
 
         def run(c):
-            self._call(c, self.local, "reduce", api._reduce_run, buf, 0, phase, True)
+            self._call(c, self.local, "reduce", plans.reduce_run, buf, 0, phase, True)
             if self.leaders is not None:
-                self._call(c, self.leaders, "all_reduce", api._all_reduce_run, buf, phase)
+                self._call(c, self.leaders, "all_reduce", plans.all_reduce_run, buf, phase)
                 if op == ReduceOp.AVG:
                     finish_avg(buf.arr, self.group.size, buf.is_bf16)
-            self._call(c, self.local, "broadcast", api._broadcast_run, buf, 0)
+            self._call(c, self.local, "broadcast", plans.broadcast_run, buf, 0)
         return run
 
     def all_gather(self, blocks, mine, own):
         """blocks: the output's per-rank blocks; own(): fills this rank's from mine."""
-        from . import api
         g = self.group
         here = [r for r in range(g.size) if self.host_of[r] == self.my_host]
         total = sum(b.nbytes for b in blocks)
@@ -104,7 +102,7 @@ class Hierarchy:
                 if c is not None:
                     rooted.gather(c, mine.arr, [blocks[r] for r in here] if c.rank == 0
                                   else None, 0)
-            return body, api._stamp(mine, 0)
+            return body, plans.stamp(mine, 0)
 
         def between_hosts(sub):
             # each leader sends its host's blocks to every other leader, in group-rank
@@ -119,7 +117,7 @@ class Hierarchy:
                             recvs += [(h, blocks[r]) for r in range(g.size)
                                       if self.host_of[r] == h]
                     c.exchange(sends=sends, recvs=recvs)
-            return body, api._stamp(mine, count=total)
+            return body, plans.stamp(mine, count=total)
 
         def spread_here(sub):
             # every block: a member has only its own, the leader all of them
@@ -130,7 +128,7 @@ class Hierarchy:
             def body(c):
                 if c is not None:
                     choose("broadcast_list", total_here, c, sub.options.algorithms)(c, bufs, 0)
-            return body, api._stamp(mine, 0, count=total_here)
+            return body, plans.stamp(mine, 0, count=total_here)
 
         def run(c):
             own()
@@ -144,7 +142,6 @@ class Hierarchy:
         """work: this rank's whole input (a scratch copy), blocks: its per-rank views;
         afterwards blocks[rank] holds the reduction (averaged for AVG). like: the
         output's Buf (dtype, bf16)."""
-        from . import api
         g = self.group
         here = [r for r in range(g.size) if self.host_of[r] == self.my_host]
         phase = ReduceOp.SUM if op == ReduceOp.AVG else op
@@ -169,17 +166,17 @@ class Hierarchy:
                     c.exchange(sends=sends, recvs=recvs)
                     for (_, t), r in zip(recvs, here):
                         reduce_into(phase, blocks[r], t, like.is_bf16)
-            return body, api._stamp(like, -1, phase, work.nbytes)
+            return body, plans.stamp(like, -1, phase, work.nbytes)
 
         def scatter_here(sub):
             def body(c):
                 if c is not None:
                     rooted.scatter(c, blocks[g.rank], [blocks[r] for r in here]
                                    if c.rank == 0 else None, 0)
-            return body, api._stamp(like, 0)
+            return body, plans.stamp(like, 0)
 
         def run(c):
-            self._call(c, self.local, "reduce", api._reduce_run, whole, 0, phase, True)
+            self._call(c, self.local, "reduce", plans.reduce_run, whole, 0, phase, True)
             if self.leaders is not None:
                 self._call(c, self.leaders, "reduce_scatter", between_hosts)
                 if op == ReduceOp.AVG:
@@ -190,9 +187,8 @@ class Hierarchy:
 
     def _call(self, c, sub, opname, make, *args):
         """One phase: a synchronous call on subgroup sub within the parent's deadline."""
-        from . import api
         body, stamp = make(sub, *args)
-        api._run(sub, opname, body, False, max(0.001, c._deadline - time.monotonic()), stamp)
+        plans.run(sub, opname, body, False, max(0.001, c._deadline - time.monotonic()), stamp)
 
     # -- lifetime -------------------------------------------------------------------
     def break_all(self, exc):
@@ -218,10 +214,11 @@ class _View:
         self.shape = None
 
 
-def build(group, hosts, store, addr, timeout):
-    """The subgroups of a member group whose hosts are mixed (every member calls this)."""
-    from .api import _connect
-    from .group import ProcessGroup
+def build(group, hosts, connect):
+    """The subgroups of a member group whose hosts are mixed (every member calls this).
+
+    connect(sub): gives a new subgroup its transport, collectives only (the caller
+    knows the store and addresses the parent met through)."""
     order = list(dict.fromkeys(hosts))
     mine = [r for r in range(group.size) if hosts[r] == hosts[group.rank]]
     leaders = [hosts.index(h) for h in order]
@@ -230,10 +227,10 @@ def build(group, hosts, store, addr, timeout):
                          [group.ranks[r] for r in mine], group.global_rank,
                          timeout=group.timeout, options=group.options)
     if local.size > 1:
-        _connect(local, store, addr, timeout, p2p=False)
+        connect(local)
     lead = None
     if group.rank in leaders:
         lead = ProcessGroup(f"{name}/leaders", [group.ranks[r] for r in leaders],
                             group.global_rank, timeout=group.timeout, options=group.options)
-        _connect(lead, store, addr, timeout, p2p=False)
+        connect(lead)
     return Hierarchy(group, hosts, local, lead)

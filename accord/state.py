@@ -38,7 +38,7 @@ import threading
 
 import numpy as np
 
-from . import api, objects
+from . import api, objects, plans
 from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
 from .algorithms.table import choose
 from .buffers import BF16_CODE
@@ -303,7 +303,7 @@ def _broadcast_bucket(g, root, bucket, async_op, timeout):
         for dst, tmp in staged:
             np.copyto(dst, tmp)
     # stamped as one broadcast of `total` bytes: every rank's layout is the same
-    return api._run(g, "broadcast", body, async_op, timeout, (root, bucket.code, 0, total, name))
+    return plans.run(g, "broadcast", body, async_op, timeout, (root, bucket.code, 0, total, name))
 
 
 def _stage(view, is_root):

@@ -47,12 +47,12 @@ def test_subgroups_follow_the_hosts(layout):
 def _collectives(rank, world, layout):
     g = _init(rank, layout)
     calls = []
-    real = dist.api._run
+    real = dist.plans.run
 
     def spy(group, opname, *a, **k):
         calls.append(f"{opname} on {group.name}")
         return real(group, opname, *a, **k)
-    dist.api._run = spy
+    dist.plans.run = spy
     try:
         # below MIN_BYTES flat, above in phases; a size on either side of each threshold
         for n in (0, 7, 4095, 4097, 65535, 65537, 300_001, (4 << 20) // 4 + 3):
@@ -118,7 +118,7 @@ def _collectives(rank, world, layout):
         dist.all_gather(out, np.full(3, float(rank)))
         assert [o[0] for o in out] == list(range(world))
     finally:
-        dist.api._run = real
+        dist.plans.run = real
         dist.destroy_process_group()
     return sorted(set(calls))
 

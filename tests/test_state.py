@@ -447,8 +447,8 @@ def _split_layouts_differ(rank, world):
     fill = 1 if rank == 0 else 0
     bufs = [np.full(first, fill, np.uint8), np.full((4 << 20) + 8 - first, fill, np.uint8)]
     with pytest.raises(accord.Desync) as info:
-        accord.api._run(g, "broadcast", lambda c: single_copy.broadcast_list(c, bufs, 0), False, 10,
-                        (0, 0, 0, (4 << 20) + 8, "uint8"))
+        accord.plans.run(g, "broadcast", lambda c: single_copy.broadcast_list(c, bufs, 0),
+                         False, 10, (0, 0, 0, (4 << 20) + 8, "uint8"))
     assert (bufs[0] == fill).all() and (bufs[1] == fill).all()
     return str(info.value)
 

@@ -1,0 +1,80 @@
+"""The flat plans: one collective's body over a group's own links, and its stamp.
+
+A plan is a pair (run, stamp): run(c) moves the bytes of one call over a `Comm`
+(c is None in a group of one, where nothing moves), and stamp is the tuple the
+group turns into the call's wire `Stamp` (root, dtype code, reduce op, byte
+count, dtype name, shape). `run()` hands a body to its group in issue order.
+
+Both the api (a call on the user's group) and the hierarchy (one phase of a call
+on a subgroup) build their calls from these, which is why they live below both:
+the hierarchy never needs the api.
+"""
+import numpy as np
+
+from .algorithms import rooted
+from .algorithms.reduction import piece_elems, tree_reduce
+from .algorithms.table import choose, entry
+from .options import to_seconds
+from .transport.wire import NO_DTYPE
+from .work import completed_work
+
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
+def stamp(buf, root=-1, op=0, count=-1):
+    """The stamp arguments of a call on buf (see ProcessGroup.submit)."""
+    return (root, buf.dtype_code, int(op), count, buf.dtype_name, buf.shape)
+
+
+def run(g, opname, body, async_op, timeout, stamp_args):
+    """Run body(comm) as the next call of group g; a Work with async_op, else its result."""
+    timeout = to_seconds(timeout, "timeout")
+    if g.size == 1:
+        # a group of one moves no bytes; run the local part on the caller's thread
+        g.check_open()
+        body(None)
+        return completed_work(opname) if async_op else None
+    return g.submit(opname, body, async_op, timeout, stamp_args)
+
+
+def broadcast_run(g, buf, root):
+    """(body moving buf from root over g's own links, stamp arguments)."""
+    forced = g.options.algorithms
+
+    def body(c):
+        if c is not None:
+            choose("broadcast", buf.nbytes, c, forced)(c, buf.arr, root)
+    return body, stamp(buf, root, count=buf.nbytes)
+
+
+def reduce_run(g, buf, root, op, in_place=False):
+    """(body reducing buf to root over g's links, stamp arguments); in_place: a
+    non-root's buf may be used as scratch (it is overwritten afterwards anyway)."""
+    def body(c):
+        if c is not None:
+            # non-root inputs stay untouched, as NCCL leaves them
+            acc = buf.arr if c.rank == root or in_place else buf.arr.copy()
+            tmp = g.scratch(buf.arr.dtype, min(buf.numel, piece_elems(buf.itemsize)))
+            tree_reduce(c, acc, root, op, buf.is_bf16, tmp)
+    return body, stamp(buf, root, op, buf.nbytes)
+
+
+def all_reduce_run(g, buf, op):
+    """(body all-reducing buf over g's own links, stamp arguments)."""
+    forced = g.options.algorithms
+
+    def body(c):
+        if c is not None:
+            # the ring works piece by piece; recursive doubling (small messages) whole
+            e = entry("all_reduce", buf.nbytes, c, forced)
+            tmp = g.scratch(buf.arr.dtype, e.scratch(buf.numel, c.size, buf.itemsize))
+            e.fn(c, buf.arr, op, buf.is_bf16, tmp)
+    return body, stamp(buf, -1, op, buf.nbytes)
+
+
+def barrier_run(g):
+    """(body of a barrier over g's links, stamp arguments: no dtype, no bytes)."""
+    def body(c):
+        if c is not None:
+            rooted.barrier(c, _EMPTY)
+    return body, (-1, NO_DTYPE, 0, 0, "")
