@@ -10,8 +10,8 @@ import re
 import urllib.parse
 import zlib
 
-from .store import FileStore, PrefixStore
-from .tcpstore import TCPStore
+from ..store import FileStore, PrefixStore
+from ..tcpstore import TCPStore
 
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 _SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
@@ -99,7 +99,7 @@ def make_store(init_method, rank, world_size, timeout, launcher_store, env=None)
             return TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
         host, port = master_address(env)
         if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-            from .torch import agent_store      # torchrun's agent hosts a torch TCPStore
+            from ..torch import agent_store     # torchrun's agent hosts a torch TCPStore
             return agent_store(host, port, timeout)
         return TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
     if url.scheme == "tcp":
