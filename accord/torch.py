@@ -31,7 +31,8 @@ Tensors on an accelerator (CUDA, ...) are copied to host memory, reduced
 there and copied back, with a one-time warning: correct but slow. Call
 `.cpu()` yourself, or use NCCL for device tensors.
 
-This is the only accord module that imports torch.
+This is the only accord module that imports torch at its top; the other,
+rendezvous/torchelastic.py, imports it inside torchrun's agent-store path.
 """
 import atexit
 import datetime
@@ -48,7 +49,7 @@ from . import api
 from .errors import CommTimeout
 from .options import to_seconds
 from .reduceops import ReduceOp
-from .store import timeout_error
+from .rendezvous.torchelastic import agent_store   # in __all__: its old home
 
 __all__ = ["AccordProcessGroup", "AccordWork", "agent_store", "BACKEND_NAME"]
 
@@ -730,65 +731,3 @@ def _close_at_exit():
             pg.shutdown()
         except Exception:
             pass
-
-
-# -- torchrun's agent store -------------------------------------------------------
-
-class _TorchStore:
-    """A torch.distributed Store seen through accord's Store protocol."""
-
-    def __init__(self, store, timeout):
-        self._s = store
-        self._timeout = float(timeout)
-
-    @property
-    def timeout(self):
-        return self._timeout
-
-    def set_timeout(self, timeout):
-        self._timeout = to_seconds(timeout)
-
-    def set(self, key, value):
-        self._s.set(key, value)
-
-    def get(self, key, timeout=None):
-        self.wait([key], timeout)
-        return self._s.get(key)
-
-    def add(self, key, amount):
-        return self._s.add(key, amount)
-
-    def compare_set(self, key, expected, desired):
-        return self._s.compare_set(key, expected, desired)
-
-    def wait(self, keys, timeout=None):
-        keys = [keys] if isinstance(keys, str) else list(keys)
-        t = self._timeout if timeout is None else to_seconds(timeout)
-        try:
-            self._s.wait(keys, datetime.timedelta(seconds=t))
-        except dist.DistStoreError as e:
-            if "timeout" in str(e).lower() or "timed out" in str(e).lower():
-                raise timeout_error("wait", keys, t) from None
-            raise
-
-    def check(self, keys):
-        return self._s.check([keys] if isinstance(keys, str) else list(keys))
-
-    def delete_key(self, key):
-        return self._s.delete_key(key)
-
-    def num_keys(self):
-        return self._s.num_keys()
-
-    def close(self):
-        self._s = None
-
-
-def agent_store(host, port, timeout):
-    """A client of the TCPStore torchrun's agent hosts (TORCHELASTIC_USE_AGENT_STORE)."""
-    timeout = to_seconds(timeout) or 300.0
-    raw = dist.TCPStore(host, int(port), is_master=False,
-                        timeout=datetime.timedelta(seconds=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    # torch's env:// rendezvous uses the same namespace for each restart attempt
-    return _TorchStore(dist.PrefixStore(f"/accord/attempt_{attempt}", raw), timeout)

@@ -4,6 +4,7 @@ Sources, in order: explicit arguments; torchrun / `accord run` (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT); Open MPI (OMPI_COMM_WORLD_*); MPICH
 hydra (PMI_*); Slurm's srun (SLURM_*). Under an MPI or Slurm launcher without
 MASTER_PORT, every rank derives the same port from the job's identity.
+Under torchrun's agent store the client is torch's own (torchelastic.py).
 """
 import os
 import re
@@ -12,6 +13,7 @@ import zlib
 
 from ..store import FileStore, PrefixStore
 from ..tcpstore import TCPStore
+from .torchelastic import agent_store
 
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 _SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
@@ -99,7 +101,7 @@ def make_store(init_method, rank, world_size, timeout, launcher_store, env=None)
             return TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
         host, port = master_address(env)
         if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-            from ..torch import agent_store     # torchrun's agent hosts a torch TCPStore
+            # torchrun's agent hosts a torch TCPStore
             return agent_store(host, port, timeout)
         return TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
     if url.scheme == "tcp":
