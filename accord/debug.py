@@ -10,7 +10,7 @@ nanoseconds on it:
   JSON to ACCORD_TRACE_DIR on a timeout, on any communication error, and on
   SIGUSR1; `accord debug analyze DIR` reads the dumps of every rank and prints
   the first call where they diverge.
-- Positions: a daemon thread per process publishes, at most every PERIOD
+- Positions: a daemon thread per process (monitor.py) publishes, at most every PERIOD
   seconds and only when something changed, where each of its groups stands
   (last call entered and completed, whom it waits on) to the group's store.
   No call ever waits on the store for this.
@@ -159,23 +159,18 @@ def describe_entry(e):
 
 _groups = weakref.WeakSet()
 _lock = threading.Lock()
-_publisher = None
 _options_done = False
 
 
 def register(group):
-    """Called when a member group gets its transport (and store)."""
-    global _publisher
+    """Called when a member group gets its transport (and store); monitor.register
+    calls it, then starts the publisher thread."""
     with _lock:
         known = {id(getattr(g, "store", None)) for g in _groups}
         _groups.add(group)
         if id(getattr(group, "store", None)) not in known:
             # the sites used so far, for peers of this group (its store may be new)
             _announce(list(_site_text.items()), [group])
-        if getattr(group, "store", None) is not None and _publisher is None:
-            _publisher = threading.Thread(target=_publish_loop, name="accord-positions",
-                                          daemon=True)
-            _publisher.start()
     _install_signal(group.options)
     setup_logging(group.options, group.global_rank)
 
@@ -183,6 +178,16 @@ def register(group):
 def unregister(group):
     with _lock:
         _groups.discard(group)
+
+
+def live_groups():
+    """The groups of this process that have a transport and are not yet destroyed."""
+    return list(_groups)
+
+
+def sites_known():
+    """How many call sites this process has named so far (a new one republishes)."""
+    return len(_site_text)
 
 
 # -- which threads issue collectives ------------------------------------------------
@@ -271,32 +276,6 @@ def publish(group):
     pos = position(group)
     pos["sites"] = {str(k): v for k, v in list(_site_text.items())[:500]}
     store.set(_key(group, group.rank), json.dumps(pos))
-
-
-def _publish_loop():
-    from . import deadlock
-    seen = {}
-    while True:
-        time.sleep(PERIOD)
-        groups = [g for g in list(_groups)
-                  if g._closed is None and getattr(g, "store", None) is not None]
-        # a position tells of every group of the process: any change republishes all
-        state = tuple((id(g.recorder.current), g._seq, g.waiters,
-                       tuple(waiting_on(g)) if g.recorder.current is not None else ())
-                      for g in groups)
-        for g in groups:
-            mark = (state, id(g.recorder.last_done), len(_site_text))
-            if seen.get(id(g)) == mark:
-                continue
-            try:
-                publish(g)
-                seen[id(g)] = mark
-            except Exception:       # the store went away (shutdown): nothing to tell
-                pass
-        try:
-            deadlock.check(groups)
-        except Exception as e:      # a check that fails must not stop the publisher
-            log.debug("deadlock check failed: %s", e)
 
 
 def _read_positions(group):

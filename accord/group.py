@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from . import debug, debug_detail
+from . import debug, debug_detail, monitor
 from .algorithms import Comm
 from .errors import AccordError, CommTimeout, Desync, GroupClosed
 from .transport.p2p import Engine, Pending
@@ -92,7 +92,7 @@ class ProcessGroup:
             t.history = self._history
             t.site_text = self._site_text
             t.reason_of = self._abort_reason
-            debug.register(self)
+            monitor.register(self)
 
     def attach_p2p(self, plane):
         """Give the group its point-to-point plane (a transport of its own)."""
