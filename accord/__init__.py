@@ -7,11 +7,8 @@ docstring says how it differs from torch.distributed. `import accord.torch`
 registers the "accord" backend with torch.distributed.
 """
 from .api import (
-    all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, barrier,
-    destroy_process_group, gather, get_global_rank, get_group_rank,
-    get_process_group_ranks, get_rank, get_world_size, init_process_group, irecv,
-    is_initialized, isend, new_group, new_subgroups, recv, reduce_scatter,
-    reduce_scatter_tensor, scatter, send, P2POp, batch_isend_irecv,
+    all_gather, all_gather_into_tensor, all_to_all, all_to_all_single, barrier, gather, irecv,
+    isend, recv, reduce_scatter, reduce_scatter_tensor, scatter, send, P2POp, batch_isend_irecv,
 )
 # broadcast, all_reduce and reduce are the api's, routed through an open coalescing() block
 from .coalescing import all_reduce, broadcast, coalescing, reduce
@@ -22,6 +19,10 @@ from .objects import (all_gather_object, broadcast_object_list, gather_object,
 from .reduceops import ReduceOp
 from .state import broadcast_state
 from .work import Work
+from .world import (
+    destroy_process_group, get_global_rank, get_group_rank, get_process_group_ranks, get_rank,
+    get_world_size, init_process_group, is_initialized, new_group, new_subgroups,
+)
 
 __version__ = "0.1.0"
 

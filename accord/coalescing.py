@@ -33,12 +33,15 @@ import threading
 from typing import Optional
 
 from . import api
+from .args import root_rank
 from ._packing import check_bucket_bytes, plan_buckets, tensor_view
 from .buffers import BF16_CODE
 from .reduceops import ReduceOp, as_reduce_op, check_op
+from .state import broadcast_bucket
 from ._types import Tensor, Timeout
 from .group import ProcessGroup
 from .work import Work
+from .world import not_member, resolve_group
 
 _active = 0                      # blocks open in any thread: the fast path tests this only
 _local = threading.local()
@@ -56,7 +59,7 @@ def _current(group):
     stack = _stack()
     if not stack:
         return None
-    g = api._group(group)
+    g = resolve_group(group)
     for c in reversed(stack):
         if c.group is g:
             return c
@@ -121,7 +124,7 @@ class coalescing:
 
     def __init__(self, group: Optional[ProcessGroup] = None, bucket_bytes: Optional[int] = None,
                  timeout: Timeout = None) -> None:
-        self.group = api._group(group)
+        self.group = resolve_group(group)
         self.bucket_bytes = check_bucket_bytes(bucket_bytes)
         self.timeout = timeout
         self.works = []
@@ -177,7 +180,7 @@ class coalescing:
         if not self._open:
             raise RuntimeError("coalescing: the block is closed")
         if not self.group.is_member:
-            return api._not_member(self.group, kind)
+            return not_member(self.group, kind)
         run = self._runs[-1] if self._runs else None
         ptr = (view.__array_interface__["data"][0], view.nbytes)
         if run is None or run.kind != kind or run.key != key or ptr in run.ptrs:
@@ -196,7 +199,7 @@ class coalescing:
                   group_src: Optional[int] = None) -> Optional[Work]:
         """Queue a broadcast on the block's group (what `accord.broadcast` does in the block)."""
         g = self.group
-        root = api._root(g, src, group_src, "src")
+        root = root_rank(g, src, group_src, "src")
         view, code, _ = tensor_view(tensor, "tensor")
         return self._add("broadcast", root, tensor, view, code, async_op, "broadcast")
 
@@ -212,7 +215,7 @@ class coalescing:
                async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
         """Queue a reduce on the block's group."""
         g = self.group
-        root = api._root(g, dst, group_dst, "dst")
+        root = root_rank(g, dst, group_dst, "dst")
         op = as_reduce_op(op)
         view, code, dtype = tensor_view(tensor, "tensor")
         check_op(op, _OpCheck(view, code, dtype))
@@ -248,8 +251,7 @@ class coalescing:
         me = g.rank
         if kind == "broadcast" and not b.direct:
             # small ones packed, large ones in place: one collective, like broadcast_state
-            from .state import _broadcast_bucket
-            w = _broadcast_bucket(g, key, b, True, self.timeout)
+            w = broadcast_bucket(g, key, b, True, self.timeout)
             w.get_future().add_done_callback(lambda f, b=b: _settle(b, f.exception()))
             return w
         if b.direct:

@@ -28,8 +28,10 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import api
+from .args import check_len, root_rank
 from ._types import Timeout
 from .group import ProcessGroup
+from .world import not_member, resolve_group
 
 CHUNK_BYTES = 64 << 20       # the largest piece of an object any one collective moves
 _ALIGN = 64
@@ -149,12 +151,12 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None,
         pickle.PicklingError (or what pickling raises): an object that cannot be
             pickled, on the rank that holds it.
     """
-    g = api._group(group)
+    g = resolve_group(group)
     if not g.is_member:
-        return api._not_member(g, "broadcast_object_list")
+        return not_member(g, "broadcast_object_list")
     if not isinstance(object_list, list):
         raise TypeError(f"object_list: expected a list, got {type(object_list).__name__}")
-    root = api._root(g, src, group_src, "src")
+    root = root_rank(g, src, group_src, "src")
     is_root = g.rank == root
     if is_root:
         regions = [_Region.of(o) for o in object_list]
@@ -255,10 +257,10 @@ def all_gather_object(object_list: List[Any], obj: Any, group: Optional[ProcessG
         pickle.PicklingError (or what pickling raises): an object that cannot be
             pickled, on the rank that holds it.
     """
-    g = api._group(group)
+    g = resolve_group(group)
     if not g.is_member:
-        return api._not_member(g, "all_gather_object")
-    api._check_len(g, object_list, "object_list")
+        return not_member(g, "all_gather_object")
+    check_len(g, object_list, "object_list")
     mine = _Region.of(obj)
     sizes = _all_sizes(g, mine.size, timeout)
     outs = [_Region.empty(n) for n in sizes]
@@ -300,13 +302,13 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None,
         pickle.PicklingError (or what pickling raises): an object that cannot be
             pickled, on the rank that holds it.
     """
-    g = api._group(group)
+    g = resolve_group(group)
     if not g.is_member:
-        return api._not_member(g, "gather_object")
-    root = api._root(g, dst, group_dst, "dst")
+        return not_member(g, "gather_object")
+    root = root_rank(g, dst, group_dst, "dst")
     is_root = g.rank == root
     if is_root:
-        api._check_len(g, object_gather_list, "object_gather_list")
+        check_len(g, object_gather_list, "object_gather_list")
     mine = _Region.of(obj)
     sizes = _all_sizes(g, mine.size, timeout)     # everyone learns how many rounds
     outs = [_Region.empty(n) for n in sizes] if is_root else None
@@ -358,15 +360,15 @@ def scatter_object_list(scatter_object_output_list: List[Any],
         pickle.PicklingError (or what pickling raises): an object that cannot be
             pickled, on the rank that holds it.
     """
-    g = api._group(group)
+    g = resolve_group(group)
     if not g.is_member:
-        return api._not_member(g, "scatter_object_list")
+        return not_member(g, "scatter_object_list")
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise ValueError("scatter_object_output_list: expected a list with at least one element")
-    root = api._root(g, src, group_src, "src")
+    root = root_rank(g, src, group_src, "src")
     is_root = g.rank == root
     if is_root:
-        api._check_len(g, scatter_object_input_list, "scatter_object_input_list")
+        check_len(g, scatter_object_input_list, "scatter_object_input_list")
         ins = [_Region.of(o) for o in scatter_object_input_list]
         biggest = max(r.size for r in ins)
         size_list = [np.array([r.size, biggest], np.int64) for r in ins]

@@ -39,6 +39,7 @@ import threading
 import numpy as np
 
 from . import api, objects, plans
+from .args import root_rank
 from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
 from .algorithms.table import choose
 from .buffers import BF16_CODE
@@ -46,6 +47,7 @@ from .errors import Desync
 from .work import Work, completed_work
 from ._types import Timeout
 from .group import ProcessGroup
+from .world import not_member, resolve_group
 
 
 class StateMismatch(Desync, ValueError):
@@ -228,10 +230,10 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
         accord.PeerLost, accord.CommTimeout, accord.GroupClosed: as the
             collectives.
     """
-    g = api._group(group)
+    g = resolve_group(group)
     if not g.is_member:
-        return api._not_member(g, "broadcast_state")
-    root = api._root(g, src, group_src, "src")
+        return not_member(g, "broadcast_state")
+    root = root_rank(g, src, group_src, "src")
     bucket_bytes = check_bucket_bytes(bucket_bytes)
     module = obj if _is_module(obj) else None
     tree = module.state_dict() if module is not None else obj
@@ -255,7 +257,7 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
 
     buckets = plan_buckets(((l.view, l.code, None) for l in leaves if l.view is not None),
                            bucket_bytes, direct_ok=False)
-    works = [_broadcast_bucket(g, root, b, async_op, timeout) for b in buckets]
+    works = [broadcast_bucket(g, root, b, async_op, timeout) for b in buckets]
     if async_op:
         return _when_all(works, "broadcast_state")
     return obj
@@ -265,7 +267,7 @@ SMALL_BYTES = 64 << 10     # tensors below this are packed; larger ones move in 
 PIECE_BYTES = 4 << 20      # large tensors move in pieces of about this size (a chain pipelines)
 
 
-def _broadcast_bucket(g, root, bucket, async_op, timeout):
+def broadcast_bucket(g, root, bucket, async_op, timeout):
     """One broadcast collective for a dtype bucket: its small tensors packed into one
     array, its large ones sent and received in place (strided ones through a
     temporary), piece by piece."""

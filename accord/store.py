@@ -17,21 +17,21 @@ from .options import to_seconds
 DEFAULT_STORE_TIMEOUT = 300.0
 
 
-def _key(key):
+def check_key(key):
     if not isinstance(key, str):
         raise TypeError(f"store key must be str, not {type(key).__name__}")
     return key
 
 
-def _keys(keys):
+def check_keys(keys):
     # torch takes a list; a lone str is accepted too, since iterating it
     # character by character is never what the caller meant.
     if isinstance(keys, str):
         return [keys]
-    return [_key(k) for k in keys]
+    return [check_key(k) for k in keys]
 
 
-def _value(value, name="value"):
+def as_value(value, name="value"):
     if isinstance(value, str):
         return value.encode("utf-8")
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -39,7 +39,7 @@ def _value(value, name="value"):
     raise TypeError(f"store {name} must be bytes or str, not {type(value).__name__}")
 
 
-def _amount(amount):
+def check_amount(amount):
     if isinstance(amount, bool) or not isinstance(amount, int):
         raise TypeError(f"store add amount must be int, not {type(amount).__name__}")
     return amount
@@ -216,33 +216,33 @@ class HashStore(Store):
         self._table = Table()
 
     def set(self, key, value):
-        self._table.set(_key(key), _value(value))
+        self._table.set(check_key(key), as_value(value))
 
     def get(self, key, timeout=None):
         t = self._deadline_s(timeout)
-        value = self._table.get(_key(key), t)
+        value = self._table.get(check_key(key), t)
         if value is None:
             raise timeout_error("get", [key], t)
         return value
 
     def add(self, key, amount):
-        return self._table.add(_key(key), _amount(amount))
+        return self._table.add(check_key(key), check_amount(amount))
 
     def compare_set(self, key, expected, desired):
-        return self._table.compare_set(_key(key), _value(expected, "expected"),
-                                       _value(desired, "desired"))
+        return self._table.compare_set(check_key(key), as_value(expected, "expected"),
+                                       as_value(desired, "desired"))
 
     def wait(self, keys, timeout=None):
         t = self._deadline_s(timeout)
-        missing = self._table.wait(_keys(keys), t)
+        missing = self._table.wait(check_keys(keys), t)
         if missing:
             raise timeout_error("wait", missing, t)
 
     def check(self, keys):
-        return self._table.check(_keys(keys))
+        return self._table.check(check_keys(keys))
 
     def delete_key(self, key):
-        return self._table.delete(_key(key))
+        return self._table.delete(check_key(key))
 
     def num_keys(self):
         return self._table.num_keys()
@@ -361,20 +361,20 @@ class FileStore(Store):
             delay = min(delay * 1.5, 0.01)
 
     def set(self, key, value):
-        key, value = _key(key).encode("utf-8"), _value(value)
+        key, value = check_key(key).encode("utf-8"), as_value(value)
         with self._lock, self._flocked(fcntl.LOCK_EX):
             self._append(_SET, key, value)
 
     def get(self, key, timeout=None):
         t = self._deadline_s(timeout)
-        _key(key)
+        check_key(key)
         value = self._poll(lambda: self._data.get(key), t)
         if value is None:
             raise timeout_error("get", [key], t, f" (in the file store {self.path})")
         return value
 
     def add(self, key, amount):
-        _key(key), _amount(amount)
+        check_key(key), check_amount(amount)
         with self._lock, self._flocked(fcntl.LOCK_EX):
             self._sync()
             total = _added(key, self._data.get(key), amount)
@@ -382,8 +382,8 @@ class FileStore(Store):
             return total
 
     def compare_set(self, key, expected, desired):
-        _key(key)
-        expected, desired = _value(expected, "expected"), _value(desired, "desired")
+        check_key(key)
+        expected, desired = as_value(expected, "expected"), as_value(desired, "desired")
         with self._lock, self._flocked(fcntl.LOCK_EX):
             self._sync()
             write, result = _cas(self._data.get(key), expected, desired)
@@ -393,7 +393,7 @@ class FileStore(Store):
 
     def wait(self, keys, timeout=None):
         t = self._deadline_s(timeout)
-        keys = _keys(keys)
+        keys = check_keys(keys)
         if self._poll(lambda: True if all(k in self._data for k in keys) else None, t):
             return
         with self._lock:
@@ -401,13 +401,13 @@ class FileStore(Store):
         raise timeout_error("wait", missing, t, f" (in the file store {self.path})")
 
     def check(self, keys):
-        keys = _keys(keys)
+        keys = check_keys(keys)
         self._refresh()
         with self._lock:
             return all(k in self._data for k in keys)
 
     def delete_key(self, key):
-        _key(key)
+        check_key(key)
         with self._lock, self._flocked(fcntl.LOCK_EX):
             self._sync()
             if key not in self._data:
@@ -457,7 +457,7 @@ class PrefixStore(Store):
         return self.underlying_store.timeout if self._timeout is None else self._timeout
 
     def _k(self, key):
-        return f"{self.prefix}/{_key(key)}"
+        return f"{self.prefix}/{check_key(key)}"
 
     def set(self, key, value):
         self.underlying_store.set(self._k(key), value)
@@ -472,11 +472,11 @@ class PrefixStore(Store):
         return self.underlying_store.compare_set(self._k(key), expected, desired)
 
     def wait(self, keys, timeout=None):
-        self.underlying_store.wait([self._k(k) for k in _keys(keys)],
+        self.underlying_store.wait([self._k(k) for k in check_keys(keys)],
                                    timeout=self._deadline_s(timeout))
 
     def check(self, keys):
-        return self.underlying_store.check([self._k(k) for k in _keys(keys)])
+        return self.underlying_store.check([self._k(k) for k in check_keys(keys)])
 
     def delete_key(self, key):
         return self.underlying_store.delete_key(self._k(key))

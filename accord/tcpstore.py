@@ -20,7 +20,8 @@ import threading
 import time
 
 from .errors import AccordError, CommTimeout, PeerLost
-from .store import DEFAULT_STORE_TIMEOUT, Store, Table, _amount, _key, _keys, _value, timeout_error
+from .store import (DEFAULT_STORE_TIMEOUT, Store, Table, as_value, check_amount, check_key,
+                    check_keys, timeout_error)
 
 _MAGIC = b"accord-store-1"
 _HELLO, _SET, _GET, _ADD, _CAS, _CHECK, _WAIT, _DELETE, _NUM_KEYS, _AUTH = range(1, 11)
@@ -418,25 +419,26 @@ class TCPStore(Store):
             sock.close()
 
     def set(self, key, value):
-        self._call(_SET, [_key(key).encode(), _value(value)])
+        self._call(_SET, [check_key(key).encode(), as_value(value)])
 
     def get(self, key, timeout=None):
         t = self._deadline_s(timeout)
         try:
-            return self._call(_GET, [_key(key).encode(), repr(t).encode()], wait=t)[0]
+            return self._call(_GET, [check_key(key).encode(), repr(t).encode()], wait=t)[0]
         except _ServerTimeout:
             raise timeout_error("get", [key], t, f" (in the store at {self._where})") from None
 
     def add(self, key, amount):
-        return int(self._call(_ADD, [_key(key).encode(), str(_amount(amount)).encode()])[0])
+        return int(self._call(_ADD, [check_key(key).encode(),
+                                     str(check_amount(amount)).encode()])[0])
 
     def compare_set(self, key, expected, desired):
-        return self._call(_CAS, [_key(key).encode(), _value(expected, "expected"),
-                                 _value(desired, "desired")])[0]
+        return self._call(_CAS, [check_key(key).encode(), as_value(expected, "expected"),
+                                 as_value(desired, "desired")])[0]
 
     def wait(self, keys, timeout=None):
         t = self._deadline_s(timeout)
-        keys = _keys(keys)
+        keys = check_keys(keys)
         try:
             self._call(_WAIT, [repr(t).encode()] + [k.encode() for k in keys], wait=t)
         except _ServerTimeout as e:
@@ -444,10 +446,10 @@ class TCPStore(Store):
                                 f" (in the store at {self._where})") from None
 
     def check(self, keys):
-        return self._call(_CHECK, [k.encode() for k in _keys(keys)])[0] == b"1"
+        return self._call(_CHECK, [k.encode() for k in check_keys(keys)])[0] == b"1"
 
     def delete_key(self, key):
-        return self._call(_DELETE, [_key(key).encode()])[0] == b"1"
+        return self._call(_DELETE, [check_key(key).encode()])[0] == b"1"
 
     def num_keys(self):
         return int(self._call(_NUM_KEYS, [])[0])

@@ -45,7 +45,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import api
+from . import api, world
 from .errors import CommTimeout
 from .options import to_seconds
 from .reduceops import ReduceOp
@@ -706,7 +706,7 @@ def _create(common_opts, backend_options=None):
     ranks = list(common_opts.global_ranks_in_group) or list(range(size))
     timeout = to_seconds(common_opts.timeout)
     name = f"torch:{common_opts.group_id}"
-    g = api._group_from_store(common_opts.store, rank, size, timeout, name, ranks)
+    g = world.group_from_store(common_opts.store, rank, size, timeout, name, ranks)
     if size > 1:
         # every member has finished reading the store before any may leave (rank 0
         # hosts torch's store: peers still reading it would fail if it exited)

@@ -26,7 +26,7 @@ def main():
     os.environ["ACCORD_HOST_ID"] = f"host{rank // args.per_host}"
     import accord as dist
     dist.init_process_group()
-    g = dist.api._world.default
+    g = dist.world.default_group()
     mode = ("per-host subgroups (hierarchical above accord.hierarchy.MIN_BYTES)"
             if g.hier is not None else "flat " + type(g.transport).__name__)
     units = {"K": 1 << 10, "M": 1 << 20}

@@ -8,8 +8,8 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def _seq():
-    import accord.api
-    return accord.api._group(None)._seq
+    import accord.world
+    return accord.world.default_group()._seq
 
 
 def _all_reduce(rank, world):

@@ -19,7 +19,7 @@ LAYOUTS = [["a", "a", "b", "b"], ["a", "a", "a", "b"], ["a", "b", "a", "b"],
 def _init(rank, layout):
     os.environ["ACCORD_HOST_ID"] = layout[rank]
     dist.init_process_group()
-    return dist.api._world.default
+    return dist.world.default_group()
 
 
 def _shape(rank, world, layout):

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import accord as dist
     dist.init_process_group()
     r, n = dist.get_rank(), dist.get_world_size()
-    hier = dist.api._world.default.hier is not None
+    hier = dist.world.default_group().hier is not None
     assert hier == (os.environ.get("EXPECT_HIER") == "1"), hier
     t = np.arange(1000, dtype=np.float64) if r == 0 else np.zeros(1000)
     dist.broadcast(t, src=0)

@@ -21,8 +21,8 @@ CMA_EARLY = {**SHM, "ACCORD_SHM_CMA": "4K"}
 
 
 def _transport():
-    from accord import api
-    return api._world.default.transport
+    from accord import world
+    return world.default_group().transport
 
 
 def _data(rank, n, dtype, salt=0):

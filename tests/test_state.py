@@ -8,8 +8,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _seq():
-    import accord.api
-    return accord.api._group(None)._seq
+    import accord.world
+    return accord.world.default_group()._seq
 
 
 def _tree(rank, seed):
@@ -259,7 +259,7 @@ def test_ring_sends_skip_single_copy_even_when_large():
 def _ring_only(rank, world):
     import accord
     from accord.transport import shm
-    t = accord.api._world.default.transport
+    t = accord.world.default_group().transport
     sent = []
     real = shm.ShmTransport._send
 
@@ -367,7 +367,7 @@ def _layouts(rank, world, src, who, specs, bucket_bytes):
     want = {k: _bits(v) for k, v in _layout_state(src, world, src, strided_on, specs).items()}
     where = {k: (_addr(v), tuple(v.strides) if isinstance(v, np.ndarray) else v.stride())
              for k, v in state.items()}
-    ring = world == 2 and type(accord.api._world.default.transport).__name__ == "ShmTransport"
+    ring = world == 2 and type(accord.world.default_group().transport).__name__ == "ShmTransport"
     with spy_algorithms("broadcast_list") as names:
         accord.broadcast_state(state, src=src, bucket_bytes=bucket_bytes)
     if ring:    # strided tensors do not knock a bucket off the ring
@@ -441,7 +441,7 @@ def test_large_buckets_split_their_copy_between_root_and_receivers(world, src):
 def _split_layouts_differ(rank, world):
     import accord
     from accord.algorithms import single_copy
-    g = accord.api._world.default
+    g = accord.world.default_group()
     # the same total, cut differently: each rank would copy into the other's memory
     first = (4 << 20) if rank == 0 else (4 << 20) - 8
     fill = 1 if rank == 0 else 0
