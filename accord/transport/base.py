@@ -108,7 +108,9 @@ class Transport(Protocol):
 class TaggedPlane(Protocol):
     """What the point-to-point engine (p2p.py) needs of its plane, besides
     `links` (each with `posted`, `stash`, `sends`, `unacked`, `incoming` and
-    `take_stashed(recv)`). All but wake() run on the engine thread only."""
+    `take_stashed(recv)`). All but wake() run under the engine's lock (its
+    thread, or a caller progressing inline while the engine is idle)."""
+    spin_s: float       # how long a blocking caller may move the links itself first
 
     def tagged_send(self, peer: int, view: memoryview, tag: int):
         """Queue (or write at once) a tagged message; the record's `done` turns

@@ -20,8 +20,10 @@ Matching is MPI's: by (group, source, tag); receives are matched in the order
 they were posted and messages in the order they arrived, so messages between
 one sender and one receiver with one tag are never overtaken; a receive with
 no source takes the first message with its tag from any peer and reports the
-sender. Only the engine thread touches the plane's links; other threads hand
-it operations through post() and a wake-up.
+sender. Only the holder of the engine's lock touches the plane's links: the
+engine thread, or a caller that finds the engine idle and moves them itself
+(post() starts its operations at once; a blocking wait with a core to spare
+spins a few tens of µs), which saves the thread hand-off on small messages.
 
 The medium (a TcpTransport or a plane-1 ShmTransport) supplies: `links`,
 `tagged_send(peer, view, tag)`, `withdraw_send(record)`, `step_link(link)`,
@@ -66,11 +68,15 @@ class Engine:
         self.here = here                 # "rank 3", for messages
         transport.op_desc = f"point-to-point (group {group_name!r})"
         self.group_name = group_name
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()        # guards _inbox, _thread, _closed
+        # held by whoever moves the plane's links: the engine thread, or a caller
+        # progressing inline while the engine is idle (no thread hand-off then)
+        self._busy = threading.Lock()
+        self.spin_s = transport.spin_s       # how long a blocking caller progresses itself
         self._inbox = []
         self._thread = None
         self._closed = None              # why no more posts are taken
-        self._ops = []                   # engine thread only, from here down
+        self._ops = []                   # whoever holds _busy, from here down
         self._new = []                   # the ops being started
         self._gone = {}                  # peer -> why its link is unusable
         self._last_check = 0.0
@@ -78,17 +84,44 @@ class Engine:
 
     # -- any thread ------------------------------------------------------------------
     def post(self, ops):
-        """Hand operations to the engine (in order); their futures tell the outcome."""
+        """Hand operations to the engine (in order); their futures tell the outcome.
+
+        Where the engine is idle, the caller starts them itself: a small send is
+        written and a message already here is taken without a thread hand-off."""
         with self._lock:
             if self._closed is not None:
                 raise self._closed
             self._inbox.extend(ops)
+            thread = None
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name=f"accord-p2p-{self.group_name}")
-                self._thread.start()
-                return
-        self.t.wake()
+                thread = self._thread = threading.Thread(
+                    target=self._run, daemon=True, name=f"accord-p2p-{self.group_name}")
+        if self._busy.acquire(blocking=False):
+            try:
+                self._turn()
+            finally:
+                self._busy.release()
+        if thread is not None:
+            thread.start()
+        elif not all(op.future.done() for op in ops):
+            self.t.wake()
+
+    def spin(self, future):
+        """Before a caller blocks on future: where it has a core to spare, it moves
+        the links itself for a short while (the reply to a small message usually
+        comes sooner than the engine would wake for it)."""
+        if not self.spin_s or future.done():
+            return
+        end = time.perf_counter() + self.spin_s
+        while not future.done() and time.perf_counter() < end:
+            if self._busy.acquire(blocking=False):
+                try:
+                    if self._closed is None:
+                        self._turn()
+                finally:
+                    self._busy.release()
+        if not future.done():
+            self.t.wake()
 
     def close(self, exc=None):
         """Stop the engine: what is still posted fails with exc (GroupClosed by default).
@@ -119,36 +152,45 @@ class Engine:
                 self._fail(op, err)
             self._ops = self._new = []
 
+    def _turn(self):
+        """One pass (under _busy): start what was posted, move every link, finish what
+        is done. Returns (closing error or None, whether anything happened)."""
+        with self._lock:
+            new, self._inbox = self._inbox, []
+            closing = self._closed
+        if closing is not None:
+            for op in self._ops + new:
+                self._fail(op, closing)
+            self._ops = []
+            return closing, True
+        self._new = new
+        for op in new:
+            self._start(op)
+        self._new = []
+        moved = self._step()
+        if self._ops:
+            self._collect()
+        return None, moved or bool(new)
+
     def _loop(self):
         t = self.t
         while True:
-            with self._lock:
-                new, self._inbox = self._inbox, []
-                closing = self._closed
-            if closing is not None:
-                for op in self._ops + new:
-                    self._fail(op, closing)
-                self._ops = []
-                return
-            self._new = new
-            for op in new:
-                self._start(op)
-            self._new = []
-            moved = self._step()
-            if self._ops:
-                self._collect()
-            if moved or new:
-                continue
-            now = time.monotonic()
-            if now - self._last_check >= _LIVENESS_S:
-                self._last_check = now
-                self._check_lost()
-            wait = self._expire(now)
-            links = [link for p, link in t.links.items() if p not in self._gone]
-            token = t.arm(links)
-            if self._step():         # it came in while we were saying what we wait for
-                t.sleep(token, 0.0)
-                continue
+            with self._busy:
+                closing, busy = self._turn()
+                if closing is not None:
+                    return
+                if busy:
+                    continue
+                now = time.monotonic()
+                if now - self._last_check >= _LIVENESS_S:
+                    self._last_check = now
+                    self._check_lost()
+                wait = self._expire(now)
+                links = [link for p, link in t.links.items() if p not in self._gone]
+                token = t.arm(links)
+                if self._step():         # it came in while we said what we wait for
+                    self._collect()
+                    wait = 0.0
             t.sleep(token, wait)
 
     def _start(self, op):

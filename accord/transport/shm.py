@@ -498,6 +498,7 @@ class ShmTransport(Reports):
         # each, spin through that copy rather than pay a sleep and a wake-up after it
         self._spin_ack_s = SPIN_ACK_US * 1e-6 if size <= ncpu else 0.0
         self._yields = 0 if size <= ncpu else YIELDS
+        self.spin_s = self._spin_s if plane else 0.0     # transport/p2p.py's callers
         self._last_check = time.monotonic()
         self.cma_everywhere = False              # set by read_cma_flags
         self._peer_memory = None

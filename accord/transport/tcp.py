@@ -304,6 +304,7 @@ class TcpTransport(Reports):
     medium = "connection"
     p2p = None                  # a TCP group's point-to-point plane is a second mesh
     peer_memory = None          # no single copy between hosts
+    spin_s = 0.0                # a p2p caller never spins on sockets (transport/p2p.py)
     hosts = None                # each member's host, when the group spans several
 
     def __init__(self, rank, size, socks, describe_rank):
