@@ -600,8 +600,8 @@ def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
     op = _p2p_pending(g, is_send, tensor, peer, group_peer, tag, timeout, opname)
     g.post_p2p([op])
     if async_op:
-        return Work(op.future, op.desc, spin=g.p2p.spin)
-    g.p2p.spin(op.future)
+        return Work(op.future, op.desc, waiter=g.p2p.wait)
+    g.p2p.wait(op.future)
     return op.future.result()
 
 
@@ -722,4 +722,4 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         pending.append(_p2p_pending(g, is_send, o.tensor, o.peer, o.group_peer, o.tag, None,
                                     "isend" if is_send else "irecv"))
     g.post_p2p(pending)
-    return [Work(p.future, p.desc, spin=g.p2p.spin) for p in pending]
+    return [Work(p.future, p.desc, waiter=g.p2p.wait) for p in pending]

@@ -18,18 +18,19 @@ class Work:
     Unlike torch, `wait(timeout)` raises `accord.CommTimeout` when the
     operation is not done by then (the operation keeps running).
     """
-    __slots__ = ("_future", "_desc", "_group", "_spin")
+    __slots__ = ("_future", "_desc", "_group", "_waiter")
 
     def __init__(self, future: concurrent.futures.Future, desc: str = "",
-                 group: Any = None, spin: Any = None) -> None:
+                 group: Any = None, waiter: Any = None) -> None:
         self._future, self._desc, self._group = future, desc, group
-        self._spin = spin            # point to point: progress inline before blocking
+        # point to point: waiter(future, seconds) waits while progressing the messages
+        self._waiter = waiter
 
     def wait(self, timeout: Timeout = None) -> bool:
         """Block until done; re-raise the operation's error. Returns True."""
         seconds = to_seconds(timeout, "timeout")
-        if self._spin is not None:
-            self._spin(self._future)
+        if self._waiter is not None:
+            self._waiter(self._future, seconds)
         g = self._group
         if g is not None and not self._future.done() and \
                 threading.current_thread() is threading.main_thread():

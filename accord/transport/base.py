@@ -132,7 +132,12 @@ class TaggedPlane(Protocol):
         sleep(). A byte that arrives after arm() wakes sleep(), never lost."""
 
     def sleep(self, token: object, timeout: float) -> None:
-        """Sleep until a link can move, wake() is called, or timeout seconds pass."""
+        """Sleep until a link can move, wake() is called, or timeout seconds pass.
+        Two threads may sleep at once (the engine, and a caller waiting on its own
+        operation); a wake-up reaches both."""
+
+    def disarm(self, token: object) -> None:
+        """After sleeping (under the engine's lock): lower what arm() raised."""
 
     def wake(self) -> None:
         """From any thread: end the engine's sleep (work was posted)."""

@@ -54,9 +54,12 @@ def wake(addr, n=1):
     _syscall(_SYS_FUTEX, addr, FUTEX_WAKE, n, None, None, 0)
 
 
-def add_and_wake(addr):
-    """Atomically add 1 to the word at addr and wake one of its waiters."""
-    _syscall(_SYS_FUTEX, addr, FUTEX_WAKE_OP, 1, None, addr, _OP_ADD_ONE)
+WAKE_ALL = (1 << 31) - 1
+
+
+def add_and_wake(addr, n=1):
+    """Atomically add 1 to the word at addr and wake n of its waiters (WAKE_ALL: all)."""
+    _syscall(_SYS_FUTEX, addr, FUTEX_WAKE_OP, n, None, addr, _OP_ADD_ONE)
 
 
 def fence():

@@ -22,8 +22,9 @@ one sender and one receiver with one tag are never overtaken; a receive with
 no source takes the first message with its tag from any peer and reports the
 sender. Only the holder of the engine's lock touches the plane's links: the
 engine thread, or a caller that finds the engine idle and moves them itself
-(post() starts its operations at once; a blocking wait with a core to spare
-spins a few tens of µs), which saves the thread hand-off on small messages.
+(post() starts its operations at once; a thread waiting on its operation
+progresses the plane, spinning briefly and then sleeping on it as the engine
+does), which saves the thread hand-off on small messages.
 
 The medium (a TcpTransport or a plane-1 ShmTransport) supplies: `links`,
 `tagged_send(peer, view, tag)`, `withdraw_send(record)`, `step_link(link)`,
@@ -41,6 +42,8 @@ from .matching import Recv
 _IDLE_S = 1.0            # the longest sleep with nothing to wait for
 _LIVENESS_S = 0.5        # how often peers' deaths are looked for (shared memory)
 _JOIN_S = 5.0            # how long close() waits for the engine thread
+_POLL_S = 0.002          # a waiter that cannot take the engine's lock looks again after this
+_PARK_S = 0.005          # the engine's nap while callers progress in its place
 
 
 class Pending:
@@ -68,7 +71,11 @@ class Engine:
         self.here = here                 # "rank 3", for messages
         transport.op_desc = f"point-to-point (group {group_name!r})"
         self.group_name = group_name
-        self._lock = threading.Lock()        # guards _inbox, _thread, _closed
+        self._lock = threading.Lock()        # guards _inbox, _thread, _closed, _waiting
+        # while a caller progresses the plane in wait(), the engine thread stays off
+        # the doorbell (two sleepers there cost a wake-up each per message)
+        self._idle = threading.Condition(self._lock)
+        self._waiting = 0
         # held by whoever moves the plane's links: the engine thread, or a caller
         # progressing inline while the engine is idle (no thread hand-off then)
         self._busy = threading.Lock()
@@ -96,32 +103,85 @@ class Engine:
             if self._thread is None:
                 thread = self._thread = threading.Thread(
                     target=self._run, daemon=True, name=f"accord-p2p-{self.group_name}")
-        if self._busy.acquire(blocking=False):
+        started = self._busy.acquire(blocking=False)
+        if started:
             try:
                 self._turn()
             finally:
                 self._busy.release()
         if thread is not None:
             thread.start()
-        elif not all(op.future.done() for op in ops):
-            self.t.wake()
+        elif any(self._needs_wake(op, started) for op in ops):
+            self._kick()
 
-    def spin(self, future):
-        """Before a caller blocks on future: where it has a core to spare, it moves
-        the links itself for a short while (the reply to a small message usually
-        comes sooner than the engine would wake for it)."""
-        if not self.spin_s or future.done():
-            return
-        end = time.perf_counter() + self.spin_s
-        while not future.done() and time.perf_counter() < end:
-            if self._busy.acquire(blocking=False):
-                try:
-                    if self._closed is None:
-                        self._turn()
-                finally:
-                    self._busy.release()
-        if not future.done():
-            self.t.wake()
+    def _kick(self):
+        """Make the engine thread (or the caller progressing in its place) look now."""
+        self.t.wake()
+        with self._lock:
+            self._idle.notify()
+
+    @staticmethod
+    def _needs_wake(op, started):
+        """Whether the sleeping engine (or waiter) must hear of op now. A receive it
+        need not: the sleeper already waits for bytes on every link; a send it
+        must (nobody waits for room in its ring yet), as must a deadline sooner than
+        the sleeper would look."""
+        if op.future.done():
+            return False
+        return op.is_send or not started or op.timeout < _IDLE_S
+
+    def wait(self, future, timeout=None):
+        """Block until future (of an operation posted here) is done, or timeout seconds
+        pass; True if done.
+
+        The waiting thread moves the links itself while nobody else does (MPI's
+        progress inside calls): it spins a little where it has a core to spare, then
+        sleeps on the plane as the engine would, so the reply to its message needs
+        no hand-off from the engine thread. Meanwhile it serves every operation of
+        the group, other threads' too; the engine thread takes over when it leaves."""
+        end = None if timeout is None else time.monotonic() + timeout
+        spin_end = time.perf_counter() + self.spin_s
+        with self._lock:
+            self._waiting += 1
+        try:
+            return self._wait(future, end, spin_end)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                if not self._waiting and (self._ops or self._inbox):
+                    self._idle.notify()     # the engine thread's turn again
+
+    def _wait(self, future, end, spin_end):
+        t = self.t
+        while not future.done():
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if not self._busy.acquire(blocking=False):
+                # the engine thread is mid-turn, or another caller waits in here: it
+                # serves this operation too; look again shortly
+                concurrent.futures.wait([future], _POLL_S if left is None else
+                                        min(_POLL_S, left))
+                continue
+            try:
+                while not future.done():
+                    token, wait = self._cycle()
+                    if future.done() or token is None:
+                        if token is not None:
+                            t.disarm(token)
+                        continue
+                    if time.perf_counter() < spin_end:
+                        t.disarm(token)
+                        continue
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
+                        t.disarm(token)
+                        return False
+                    t.sleep(token, wait if left is None else min(wait, left))
+                    t.disarm(token)
+            finally:
+                self._busy.release()
+        return True
 
     def close(self, exc=None):
         """Stop the engine: what is still posted fails with exc (GroupClosed by default).
@@ -130,6 +190,7 @@ class Engine:
             if self._closed is None:
                 self._closed = exc if exc is not None else GroupClosed(
                     f"{self.here}: group {self.group_name!r} is destroyed")
+            self._idle.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread() and \
                 os.getpid() == self._pid:
@@ -172,26 +233,44 @@ class Engine:
             self._collect()
         return None, moved or bool(new)
 
+    def _cycle(self):
+        """One round under _busy: a turn, then, if nothing moved, the liveness and
+        deadline checks and arm(). Returns (token, seconds to sleep), token None
+        when there is more to do at once."""
+        closing, busy = self._turn()
+        if closing is not None or busy:
+            return None, 0.0
+        t = self.t
+        now = time.monotonic()
+        if now - self._last_check >= _LIVENESS_S:
+            self._last_check = now
+            self._check_lost()
+        wait = self._expire(now)
+        token = t.arm([link for p, link in t.links.items() if p not in self._gone])
+        if self._step():             # it came in while we said what we wait for
+            t.disarm(token)
+            self._collect()
+            return None, 0.0
+        return token, wait
+
     def _loop(self):
         t = self.t
+        token = None
         while True:
+            with self._lock:
+                # parked while callers progress in wait(); with nothing left to do it
+                # stays parked a moment more (a ping-pong's next wait comes at once)
+                while self._waiting and self._closed is None:
+                    self._idle.wait(_PARK_S)
             with self._busy:
-                closing, busy = self._turn()
-                if closing is not None:
+                if token is not None:
+                    t.disarm(token)
+                if self._closed is not None:
+                    self._turn()         # fails what is left
                     return
-                if busy:
-                    continue
-                now = time.monotonic()
-                if now - self._last_check >= _LIVENESS_S:
-                    self._last_check = now
-                    self._check_lost()
-                wait = self._expire(now)
-                links = [link for p, link in t.links.items() if p not in self._gone]
-                token = t.arm(links)
-                if self._step():         # it came in while we said what we wait for
-                    self._collect()
-                    wait = 0.0
-            t.sleep(token, wait)
+                token, wait = self._cycle()
+            if token is not None:
+                t.sleep(token, wait)
 
     def _start(self, op):
         t = self.t

@@ -179,6 +179,9 @@ class _Link(StashMatching):
         self.i_tail = q[self.i_tail_i]
         pb = t.rank_offset(peer)
         self.peer_doorbell = t.base + pb + t.bell
+        # a p2p doorbell may have two sleepers (the engine thread and a caller
+        # waiting on its own operation): wake both, the one holding the lock works
+        self.wake_n = 1 if t.plane == 0 else futex.WAKE_ALL
         self.peer_departed_i = (pb + _R_DEPARTED) // 8
         self.pid = q[(pb + _R_PID) // 8]
         self.cma_out = False            # the peer may read this process's memory
@@ -196,7 +199,7 @@ class _Link(StashMatching):
         futex.fence()
         w = self.t.q[self.o_want_data_i]
         if w and self.o_head >= w:
-            futex.add_and_wake(self.peer_doorbell)
+            futex.add_and_wake(self.peer_doorbell, self.wake_n)
 
     def poke_space(self):
         """Room (or an ack) in the peer's ring to us: wake it if it sleeps waiting for that."""
@@ -204,7 +207,7 @@ class _Link(StashMatching):
         q = self.t.q
         w, a = q[self.i_want_space_i], q[self.i_want_ack_i]
         if w and self.i_tail >= w or a and q[self.i_acked_i] >= a:
-            futex.add_and_wake(self.peer_doorbell)
+            futex.add_and_wake(self.peer_doorbell, self.wake_n)
 
     def want_data(self):
         """The head to sleep for: any byte, or a good piece of the message being read."""
@@ -485,7 +488,6 @@ class ShmTransport(Reports):
         self.bell = _R_DOORBELL if plane == 0 else _R_P2P_DOORBELL
         self._doorbell_i = (me + self.bell) // 4
         self._doorbell = self.base + me + self.bell
-        self._armed = []
         self.links = {p: _Link(self, p) for p in range(size) if p != rank}
         self.arena_path = ""
         self._pidfds = {}
@@ -817,10 +819,11 @@ class ShmTransport(Reports):
 
     def arm(self, links):
         """Say what the engine waits for on each link before it sleeps; returns the
-        doorbell value sleep() must pass to the futex (a wake-up is never lost)."""
+        token for sleep() and disarm(): the doorbell value the futex must be passed
+        (so a wake-up is never lost) and the flags raised."""
         q = self.q
         expected = self.i32[self._doorbell_i]
-        flags = self._armed
+        flags = []
         for link in links:
             q[link.i_want_data_i] = link.want_data()
             flags.append(link.i_want_data_i)
@@ -831,20 +834,24 @@ class ShmTransport(Reports):
                 q[link.o_want_ack_i] = link.unacked[0].seq
                 flags.append(link.o_want_ack_i)
         futex.fence()
-        return expected
+        return expected, flags
 
-    def sleep(self, expected, timeout):
+    def sleep(self, token, timeout):
         """Sleep on the doorbell (at most a slice: liveness is checked between)."""
         if timeout > 0:
-            self._doze(expected, min(timeout, _SLICE_S))
+            self._doze(token[0], min(timeout, _SLICE_S))
+
+    def disarm(self, token):
+        """Lower the flags arm() raised (by the holder of the engine's lock only:
+        another sleeper may still count on them)."""
         q = self.q
-        for i in self._armed:
-            q[i] = 0
-        self._armed.clear()
+        if q is not None:
+            for i in token[1]:
+                q[i] = 0
 
     def wake(self):
-        """Wake sleep() from another thread (new work was posted)."""
-        futex.add_and_wake(self._doorbell)
+        """Wake sleep() from another thread (new work was posted): every sleeper."""
+        futex.add_and_wake(self._doorbell, futex.WAKE_ALL)
 
     def _doze(self, expected, timeout):
         """Sleep on this rank's doorbell while it holds expected (an OS error there
@@ -883,7 +890,7 @@ class ShmTransport(Reports):
         for p in self.links:
             pb = self.base + self.rank_offset(p)
             futex.add_and_wake(pb + _R_DOORBELL)
-            futex.add_and_wake(pb + _R_P2P_DOORBELL)
+            futex.add_and_wake(pb + _R_P2P_DOORBELL, futex.WAKE_ALL)
 
     def close(self, grace=0.0):
         if self._arena is None:

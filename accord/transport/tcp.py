@@ -440,6 +440,9 @@ class TcpTransport(Reports):
         """Before sleep(): nothing to announce over sockets (poll sees every byte)."""
         return links
 
+    def disarm(self, token):
+        """Nothing was raised by arm()."""
+
     def sleep(self, links, timeout):
         """Sleep until a link can move, wake() is called, or timeout seconds pass."""
         p = select.poll()
