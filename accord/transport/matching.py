@@ -6,7 +6,81 @@ with another tag, or collective messages that overtook an awaited
 point-to-point one). An any-source receive is posted on every link as a set
 of rivals; the first link that matches one withdraws the others.
 """
-from .wire import COLL, P2P
+from .wire import ABORT, BYE, COLL, P2P, decode_error, header_problem
+
+STASH_STEP = 1 << 20    # a stashed message's buffer grows as its bytes arrive, never on faith
+
+
+class Stash:
+    """Where a message goes that no receive took: kind "stash" (kept for a later
+    receive), "drop" (its receive failed: read and forgotten), "abort" or "bye" (a
+    peer's last words). Its buffer grows with the bytes that actually arrive,
+    never on the header's word."""
+    __slots__ = ("length", "buf", "kind")
+
+    def __init__(self, h, kind="stash"):
+        self.length, self.kind = h[7], kind
+        self.buf = bytearray(min(self.length, STASH_STEP))
+
+    def view(self):
+        return memoryview(self.buf)
+
+    def grow(self, view):
+        """Room for more bytes (doubling, up to the length); returns the new view."""
+        view.release()
+        have = len(self.buf)
+        self.buf.extend(bytes(min(self.length - have, max(have, STASH_STEP))))
+        return memoryview(self.buf)
+
+
+def route(link, h):
+    """(destination view, owner) of a message whose header h was just read off link:
+    the awaited collective receive, a tagged receive, or a Stash. A header that
+    cannot be genuine is PeerLost, one that is not this rank's call a Desync."""
+    kind, length = h[0], h[7]
+    head = link.posted[0] if link.posted else None
+    t = link.t
+    if kind == COLL and head is not None and head.stamp is not None:
+        # the common case: the awaited message; a match vouches for the header
+        if head.stamp.matches(h) and length == head.length:
+            return head.dest, head
+        problem = header_problem(h)
+        if problem is not None:
+            raise t.corrupt(link.peer, h, problem)
+        if not head.stamp.matches(h):
+            raise t.desync(link.peer, head.stamp, h)
+        raise t.desync(link.peer, head.stamp, h,
+                       f"it sent {length} bytes where this rank expects {head.length}")
+    problem = header_problem(h)
+    if problem is not None:
+        raise t.corrupt(link.peer, h, problem)
+    if kind == ABORT or kind == BYE:
+        st = Stash(h, "abort" if kind == ABORT else "bye")
+        return st.view(), st
+    if kind == P2P:
+        r = match_tagged(link, h)
+        if r is not None:
+            if r == "drop":
+                st = Stash(h, "drop")
+                return st.view(), st
+            return r.dest, r
+    st = Stash(h)
+    return st.view(), st
+
+
+def complete(link, h, owner):
+    """A message is all in: finish its receive, keep it, or act on last words."""
+    if owner.__class__ is Stash:
+        if owner.kind == "abort":
+            link.eof = True
+            raise decode_error(owner.buf, link.t.peer_desc(link.peer))
+        if owner.kind == "bye":
+            link.departed = True
+        elif owner.kind == "stash":
+            link.stashed(h, memoryview(owner.buf))
+        return
+    owner.done = True
+    link.posted.remove(owner)
 
 
 class Recv:

@@ -55,12 +55,11 @@ import select
 import struct
 import time
 
-
 from ..errors import AccordError, Desync, GroupClosed
 from . import cma, futex
-from .matching import Recv, StashMatching, match_tagged
+from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
-from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
+from .wire import (COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
                    encode_error, header_problem, header_seq)
 
 SHM_DIR = "/dev/shm"
@@ -95,7 +94,6 @@ CHAN_MIN = 16 << 10
 P2P_CHAN_MIN = 4 << 10
 _CHUNK = 256 << 10                   # publish (and copy out) streams in pieces this big
 _INLINE = 64 << 10                   # messages up to this size are written in one go
-_STASH_STEP = 1 << 20                # a stashed message's buffer grows as its bytes arrive
 SPIN_US = 50.0                       # spin this long before sleeping (a quarter when
                                      # there are more ranks than cores)
 SPIN_ACK_US = 1000.0                 # ... and this long for a peer copying a single-copy send
@@ -131,26 +129,6 @@ class _Send:
         self.peer, self.parts, self.seq, self.keep = peer, parts, seq, keep
         self.part = self.off = 0
         self.done = False
-
-
-class _Stash:
-    """A message read before anyone asked for it (or an ABORT/BYE): its buffer grows
-    with the bytes that actually arrive, never on the header's word."""
-    __slots__ = ("length", "buf", "kind")
-
-    def __init__(self, h, kind="stash"):
-        self.length, self.kind = h[7], kind
-        self.buf = bytearray(min(self.length, _STASH_STEP))
-
-    def view(self):
-        return memoryview(self.buf)
-
-    def grow(self, view):
-        """Room for more bytes (doubling, up to the length); returns the new view."""
-        view.release()
-        have = len(self.buf)
-        self.buf.extend(bytes(min(self.length - have, max(have, _STASH_STEP))))
-        return memoryview(self.buf)
 
 
 class _Link(StashMatching):
@@ -193,6 +171,7 @@ class _Link(StashMatching):
         self.sends = collections.deque()
         self.unacked = collections.deque()
         self.departed = False           # the peer said BYE in the ring: it left on purpose
+        self.eof = False                # the peer's ABORT was read: nothing follows it
 
     def poke_data(self):
         """New data is in our outgoing ring: wake the peer if it sleeps waiting for it."""
@@ -323,9 +302,9 @@ class _Link(StashMatching):
                     if kind == COLL and avail >= HEADER_SIZE + n and \
                             pos + HEADER_SIZE + n <= self.cap:
                         # the whole message is there in one piece: the common small case
-                        dest, owner = self._route(h)
+                        dest, owner = route(self, h)
                         start = pos + HEADER_SIZE
-                        if owner.__class__ is _Stash:
+                        if owner.__class__ is Stash:
                             # its bytes are all here: the stash takes exactly them
                             dest.release()
                             owner.buf = bytearray(self.i_ring[start:start + n])
@@ -333,7 +312,7 @@ class _Link(StashMatching):
                             dest[:] = self.i_ring[start:start + n]
                         self.i_tail += HEADER_SIZE + n
                         consumed = moved = True
-                        self._complete(h, dest, owner)
+                        complete(self, h, owner)
                         continue
                     if kind & _CMA_FLAG:
                         if kind & ~_CMA_FLAG not in (COLL, P2P):
@@ -342,11 +321,11 @@ class _Link(StashMatching):
                             return moved
                         addr, seq = _DESC.unpack(bytes(self._peek(_DESC_MSG))[HEADER_SIZE:])
                         h = (kind & ~_CMA_FLAG,) + h[1:]
-                        dest, owner = self._route(h)
+                        dest, owner = route(self, h)
                         self.i_tail += _DESC_MSG
                         consumed = moved = True
                         try:
-                            if owner.__class__ is _Stash:
+                            if owner.__class__ is Stash:
                                 self._cma_into_stash(owner, dest, addr)
                             elif len(dest):
                                 cma.read(self.pid, cma.address(dest), addr, len(dest))
@@ -360,16 +339,16 @@ class _Link(StashMatching):
                         # what we read from it after that is not data
                         self.t._check_abort()
                         q[self.i_acked_i] = seq
-                        self._complete(h, dest, owner)
+                        complete(self, h, owner)
                         continue
-                    dest, owner = self._route(h)
+                    dest, owner = route(self, h)
                     self.i_tail += HEADER_SIZE
                     consumed = moved = True
                     self.incoming = [h, dest, 0, owner]
                 inc = self.incoming
                 dest, off, owner = inc[1], inc[2], inc[3]
                 need = len(dest) - off
-                if not need and owner.__class__ is _Stash and off < owner.length:
+                if not need and owner.__class__ is Stash and off < owner.length:
                     # a stashed message grows only as its bytes come in
                     dest = inc[1] = owner.grow(dest)
                     need = len(dest) - off
@@ -392,10 +371,10 @@ class _Link(StashMatching):
                         consumed = False
                     else:
                         consumed = True
-                    if k < need or owner.__class__ is _Stash and off < owner.length:
+                    if k < need or owner.__class__ is Stash and off < owner.length:
                         continue
                 self.incoming = None
-                self._complete(inc[0], dest, owner)
+                complete(self, inc[0], owner)
         finally:
             if consumed:
                 self._publish_tail()
@@ -412,52 +391,6 @@ class _Link(StashMatching):
                 dest.release()
                 return
             dest = owner.grow(dest)
-
-    def _route(self, h):
-        """(destination view, owner) of a message whose header was just read."""
-        kind, length = h[0], h[7]
-        head = self.posted[0] if self.posted else None
-        if kind == COLL and head is not None and head.stamp is not None:
-            # the common case: the awaited message; a match vouches for the header
-            if head.stamp.matches(h) and length == head.length:
-                return head.dest, head
-            problem = header_problem(h)
-            if problem is not None:
-                raise self.t.corrupt(self.peer, h, problem)
-            if not head.stamp.matches(h):
-                raise self.t.desync(self.peer, head.stamp, h)
-            raise self.t.desync(self.peer, head.stamp, h,
-                                f"it sent {length} bytes where this rank expects "
-                                f"{head.length}")
-        problem = header_problem(h)
-        if problem is not None:
-            raise self.t.corrupt(self.peer, h, problem)
-        if kind == ABORT or kind == BYE:
-            st = _Stash(h, "abort" if kind == ABORT else "bye")
-            return st.view(), st
-        if kind == P2P:
-            r = match_tagged(self, h)
-            if r is not None:
-                if r == "drop":
-                    st = _Stash(h, "drop")
-                    return st.view(), st
-                return r.dest, r
-        st = _Stash(h)
-        return st.view(), st
-
-    def _complete(self, h, dest, owner):
-        if owner.__class__ is _Stash:
-            if owner.kind == "abort":
-                raise decode_error(owner.buf, self.t.peer_desc(self.peer))
-            if owner.kind == "bye":
-                self.departed = True
-                return
-            if owner.kind == "stash":
-                self.stashed(h, memoryview(owner.buf))
-            return
-        owner.done = True
-        self.posted.remove(owner)
-
 
     def has_input(self):
         return self.t.q[self.i_head_i] != self.i_tail

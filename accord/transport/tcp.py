@@ -16,13 +16,12 @@ import socket
 import time
 
 from ..errors import GroupClosed, PeerLost
-from .matching import Recv, StashMatching, match_tagged
+from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
 from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, abort_header,
                    decode_error, encode_error, header_problem, header_seq)
 
 _RBUF = 1 << 16          # reads of small messages land here first: one syscall per message
-_STASH_STEP = 1 << 20    # a stashed message's buffer grows as its bytes arrive, never on faith
 _POLL_SLICE_MS = 1000
 _IDLE_MASK = select.POLLRDHUP | select.POLLERR | select.POLLHUP
 _EOF_ERRNOS = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ECONNABORTED, errno.ETIMEDOUT)
@@ -36,27 +35,6 @@ class _Send:
         self.peer = peer
         self.parts = [memoryview(header), payload] if len(payload) else [memoryview(header)]
         self.done = False
-
-
-class _Stash:
-    """A message read before anyone asked for it (kind "stash"), or one whose receive
-    failed (kind "drop": read and forgotten); its buffer grows with the bytes."""
-    __slots__ = ("length", "buf", "kind")
-
-    def __init__(self, h, kind="stash"):
-        self.length, self.kind = h[7], kind
-        self.buf = bytearray(min(self.length, _STASH_STEP))
-
-    def view(self):
-        return memoryview(self.buf)
-
-    def grow(self, view):
-        view.release()
-        self.buf.extend(bytes(min(self.length - len(self.buf), max(len(self.buf), _STASH_STEP))))
-        return memoryview(self.buf)
-
-    def data(self):
-        return memoryview(self.buf)
 
 
 class Link(StashMatching):
@@ -180,7 +158,8 @@ class Link(StashMatching):
                     continue
                 h = HEADER.unpack_from(self.rbuf, self.rstart)
                 self.rstart += HEADER_SIZE
-                self.incoming = self._route(h)
+                dest, owner = route(self, h)
+                self.incoming = (h, dest, 0, owner)
             h, dest, off, owner = self.incoming
             need = len(dest) - off
             have = self.rend - self.rstart
@@ -191,7 +170,7 @@ class Link(StashMatching):
                 off += k
                 need -= k
                 moved = True
-            while need or owner.__class__ is _Stash and off < owner.length:
+            while need or owner.__class__ is Stash and off < owner.length:
                 if not need:
                     dest = owner.grow(dest)
                     need = len(dest) - off
@@ -223,51 +202,7 @@ class Link(StashMatching):
                 need -= k
                 moved = True
             self.incoming = None
-            self._complete(h, dest, owner)
-
-    def _route(self, h):
-        kind, length = h[0], h[7]
-        head = self.posted[0] if self.posted else None
-        if kind == COLL and head is not None and head.stamp is not None:
-            # the common case: the awaited message; a match vouches for the header
-            if head.stamp.matches(h) and length == head.length:
-                return (h, head.dest, 0, head)
-            problem = header_problem(h)
-            if problem is not None:
-                raise self.t.corrupt(self.peer, h, problem)
-            if not head.stamp.matches(h):
-                raise self.t.desync(self.peer, head.stamp, h)
-            raise self.t.desync(self.peer, head.stamp, h,
-                                f"it sent {length} bytes where this rank expects {head.length}")
-        problem = header_problem(h)
-        if problem is not None:
-            raise self.t.corrupt(self.peer, h, problem)
-        if kind == ABORT or kind == BYE:
-            return (h, memoryview(bytearray(length)), 0, "abort" if kind == ABORT else "bye")
-        if kind == P2P:
-            r = match_tagged(self, h)
-            if r is not None:
-                if r == "drop":
-                    stash = _Stash(h, "drop")
-                    return (h, stash.view(), 0, stash)
-                return (h, r.dest, 0, r)
-        stash = _Stash(h)
-        return (h, stash.view(), 0, stash)
-
-    def _complete(self, h, dest, owner):
-        if owner.__class__ is str:
-            if owner == "bye":
-                self.departed = True
-                return
-            self.eof = True
-            raise decode_error(dest, self.t.peer_desc(self.peer))
-        if owner.__class__ is _Stash:
-            if owner.kind == "stash":
-                self.stashed(h, owner.data())
-            return
-        owner.done = True
-        self.posted.remove(owner)
-
+            complete(self, h, owner)
 
     # -- writing -----------------------------------------------------------
     def push(self):
