@@ -236,6 +236,9 @@ def main(argv):
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:  # noqa: B902 - report anything else, then fail
+        world = sys.modules.get("accord.world")
+        if world is not None:     # the script used accord: its peers hear why we leave
+            world.note_uncaught(exc)
         _report(exc, error_file, rank)
         _exit_soon(1)
     return 0

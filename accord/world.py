@@ -19,7 +19,7 @@ import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import debug, hierarchy, rendezvous
-from .errors import Desync, GroupClosed
+from .errors import AccordError, Desync, GroupClosed, PeerLost
 from .group import ProcessGroup
 from .options import Options, to_seconds
 from .transport.connect import local_address
@@ -297,9 +297,36 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         raise first
 
 
+# the exception the program is dying of (see note_uncaught), told to peers at exit
+_dying = None
+_previous_excepthook = sys.excepthook
+
+
+def note_uncaught(exc):
+    """The program is ending with exc (an uncaught exception): at exit, peers hear
+    why this rank leaves. Called by sys.excepthook and by `accord run`'s child."""
+    global _dying
+    _dying = exc
+
+
+def _excepthook(tp, value, tb):
+    note_uncaught(value)
+    _previous_excepthook(tp, value, tb)
+
+
+sys.excepthook = _excepthook
+
+
 @atexit.register
 def _leave_at_exit():
-    # say goodbye on every link, so peers know this exit was not a crash
+    # say goodbye on every link, so peers know this exit was not a crash; a program
+    # dying of an exception tells them why instead (and its peers' unread messages
+    # are that exception's echo, not a Desync worth printing)
+    w = _world
+    if w is not None and isinstance(_dying, Exception) and not isinstance(_dying, AccordError) \
+            and w.default is not None and w.default._closed is None:
+        w.default._break(PeerLost(f"rank {w.rank} left the job: its program raised "
+                                  f"{type(_dying).__name__}: {_dying}"))
     try:
         destroy_process_group()
     except Desync as e:

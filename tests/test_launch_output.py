@@ -135,6 +135,24 @@ def test_summary_of_an_exception(tmp_path):
         ["0", "2", "3"], output
 
 
+def test_peers_hear_why_a_rank_died_of_an_exception(tmp_path):
+    # the dying rank tells its peers its exception as it leaves, and does not mistake
+    # their unread messages (the calls it never made) for a Desync of its own
+    s = script(tmp_path, "dies.py", COMMON + textwrap.dedent("""
+        if rank == 1:
+            raise ValueError("bad input on rank 1")
+        dist.all_reduce(x)
+        dist.destroy_process_group()
+        """))
+    status, output, _ = accord("run", "-n", 3, s.name, cwd=tmp_path)
+    assert status == 1, output
+    assert "Desync" not in output, output
+    for peer in (0, 2):
+        assert re.search(rf"\[rank {peer}\] accord\.PeerLost: rank 1 left the job: its program "
+                         rf"raised ValueError: bad input on rank 1 \[reported by rank 1\]",
+                         output), output
+
+
 def test_accord_frames_are_folded_unless_debugging(tmp_path):
     s = script(tmp_path, "mismatch.py", COMMON + textwrap.dedent("""
         if rank == 0:
