@@ -14,6 +14,7 @@ from .api import (
 from .coalescing import all_reduce, broadcast, coalescing, reduce
 from .errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
 from .group import ProcessGroup
+from .monitored import monitored_barrier
 from .objects import (all_gather_object, broadcast_object_list, gather_object,
                       scatter_object_list)
 from .reduceops import ReduceOp
@@ -32,7 +33,8 @@ __all__ = [
     "get_process_group_ranks",
     "broadcast", "all_gather", "all_gather_into_tensor", "scatter", "gather", "reduce",
     "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
+    "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "P2POp",
+    "batch_isend_irecv",
     "broadcast_object_list", "all_gather_object", "scatter_object_list", "gather_object",
     "broadcast_state", "coalescing",
     "ReduceOp", "Work", "ProcessGroup",

@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
-from . import hierarchy, plans
+from . import hierarchy, plans, sparse
 from .algorithms import rooted, split
 from .algorithms.reduction import piece_elems, ring_reduce_scatter
 from .algorithms.table import choose
@@ -20,7 +20,7 @@ from .buffers import as_buf
 from .group import ProcessGroup
 from .options import to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
-from .work import Work
+from .work import Work, completed_work
 from .world import not_member, resolve_group
 from ._types import Tensor, Timeout
 
@@ -303,7 +303,14 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
     if not g.is_member:
         return not_member(g, "all_reduce")
     op = as_reduce_op(op)
-    buf = as_buf(tensor, "tensor")
+    try:
+        buf = as_buf(tensor, "tensor")
+    except TypeError:
+        if not sparse.is_sparse(tensor):
+            raise
+        # three collectives on this group, run now (a completed Work if async)
+        sparse.all_reduce_sparse(tensor, op, g, timeout, all_gather)
+        return completed_work("all_reduce") if async_op else None
     check_op(op, buf)
     run, stamp = plans.all_reduce_run(g, buf, op)
     if hierarchy.phased(g, "all_reduce", buf.nbytes):

@@ -126,6 +126,9 @@ def _from_torch(t, name, writable):
         t = t.detach()              # a tensor that records gradients is exported detached
     writeback = None
     if not t.is_contiguous():
+        if t.layout is not torch.strided:
+            raise TypeError(f"{name}: {t.layout} tensors have no single buffer (all_reduce "
+                            f"accepts sparse COO tensors)")
         t = t.contiguous()
         if writable:
             def writeback(src=t, dst=orig):

@@ -51,7 +51,8 @@ from .options import to_seconds
 from .reduceops import ReduceOp
 from .rendezvous.torchelastic import agent_store   # in __all__: its old home
 
-__all__ = ["AccordProcessGroup", "AccordWork", "agent_store", "BACKEND_NAME"]
+__all__ = ["AccordProcessGroup", "AccordWork", "agent_store", "BACKEND_NAME", "default_group",
+           "monitored_barrier"]
 
 BACKEND_NAME = "accord"
 
@@ -689,6 +690,11 @@ class AccordProcessGroup(dist.ProcessGroup):
         return AccordWork([w], tensors, "recv", st.after(),
                           lambda: g.ranks.index(w.result()))
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """torch's ProcessGroup.monitored_barrier: see accord.monitored_barrier."""
+        from .monitored import monitored_barrier
+        monitored_barrier(self._g, timeout, wait_all_ranks)
+
     # -- lifetime ------------------------------------------------------------------
     def shutdown(self):
         _live_groups.discard(self)
@@ -696,6 +702,30 @@ class AccordProcessGroup(dist.ProcessGroup):
 
     def abort(self):
         self.shutdown()
+
+
+def default_group():
+    """torch's default group if it runs on accord (an AccordProcessGroup), else None."""
+    if not dist.is_initialized():
+        return None
+    pg = dist.distributed_c10d._get_default_group()
+    return pg if isinstance(pg, AccordProcessGroup) else None
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False) -> None:
+    """torch.distributed.monitored_barrier for groups on backend "accord".
+
+    torch's own function refuses every backend but gloo; this one takes the same
+    arguments (a torch group or None for the default group, a timedelta or seconds)
+    and has the same meaning: see accord.monitored_barrier.
+    """
+    from .monitored import monitored_barrier as run
+    if group is None:
+        group = default_group()
+        if group is None:
+            raise ValueError("monitored_barrier: torch's default group does not run on "
+                             "backend 'accord'")
+    run(group, timeout, wait_all_ranks)
 
 
 # -- registration ----------------------------------------------------------------

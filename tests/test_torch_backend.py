@@ -420,3 +420,55 @@ def test_future_callback_may_wait_on_another_operation():
         for k in ("first", "second"):
             assert torch.equal(d["accord"][k], d["gloo"][k]), k
         assert torch.equal(d["accord"]["second"], torch.full((2,), 21.0))
+
+
+def _sparse_inputs(rank):
+    # ranks overlap on some coordinates (summed) and not on others; 2-d values
+    i = torch.tensor([[0, rank + 1, 2], [1, 0, 3]])
+    v = torch.tensor([1.0, 2.0 * (rank + 1), 3.0])
+    hybrid = torch.sparse_coo_tensor(torch.tensor([[rank % 2, 2]]),
+                                     torch.full((2, 3), float(rank + 1)), (3, 3))
+    return torch.sparse_coo_tensor(i, v, (5, 4), check_invariants=True), hybrid
+
+
+def sparse_all_reduce(rank, world, backend):
+    t, hybrid = _sparse_inputs(rank)
+    dist.all_reduce(t)
+    w = dist.all_reduce(hybrid, async_op=True)
+    w.wait()
+    empty = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros(0),
+                                    (4,))
+    dist.all_reduce(empty)
+    return {"t": t, "hybrid": hybrid, "empty": empty}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sparse_coo_all_reduce_like_gloo(world):
+    res = run_torch(world, sparse_all_reduce, backends=("gloo", "accord"), timeout=60)
+    want = sum(_sparse_inputs(r)[0].to_dense() for r in range(world))
+    for d in res:
+        for k in ("t", "hybrid", "empty"):
+            g, a = d["gloo"][k], d["accord"][k]
+            assert a.layout == torch.sparse_coo and a.is_coalesced()
+            assert torch.equal(a.to_dense(), g.to_dense()), k
+            assert torch.equal(a.indices(), g.coalesce().indices()), k
+        assert torch.equal(d["accord"]["t"].to_dense(), want)
+
+
+def accord_sparse(rank, world):
+    t = torch.sparse_coo_tensor(torch.tensor([[rank, 3]]), torch.tensor([1.0, 2.0]), (4,))
+    accord.all_reduce(t)
+    try:
+        accord.all_reduce(torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1), (2,)),
+                          op=accord.ReduceOp.MAX)
+        bad = None
+    except ValueError as e:
+        bad = str(e)
+    return t.to_dense(), bad
+
+
+def test_sparse_all_reduce_in_accords_own_api():
+    from harness import run_ranks
+    for dense, bad in run_ranks(2, accord_sparse, timeout=30):
+        assert torch.equal(dense, torch.tensor([1.0, 1.0, 0.0, 4.0]))
+        assert "SUM only" in bad
