@@ -81,7 +81,7 @@ class AccordWork(dist.Work):
     """
 
     __slots__ = ("_outputs", "_desc", "_after", "_source", "_tfut", "_lock", "_done", "_exc",
-                 "_finished", "_left")
+                 "_finished", "_left", "_record")
 
     def __init__(self, parts, outputs, desc, after=None, source_rank=-1):
         dist.Work.__init__(self)
@@ -91,6 +91,7 @@ class AccordWork(dist.Work):
         self._tfut = None
         self._done = None           # concurrent.futures.Future, None once completed inline
         self._exc = None
+        self._record = None         # a profiler event to end on completion (_recorded)
         if parts is None or (len(parts) == 1 and parts[0] is None):
             # synchronous: already done on the caller's thread (the fast path)
             self._finished = True
@@ -128,6 +129,9 @@ class AccordWork(dist.Work):
         with self._lock:
             self._finished = True
             tfut = self._tfut
+            rec, self._record = self._record, None
+        if rec is not None:
+            rec.__exit__(None, None, None)       # on this (the worker's) thread
         if self._exc is None:
             self._done.set_result(self._value())
         else:
@@ -136,6 +140,16 @@ class AccordWork(dist.Work):
             # not on this thread (the group's worker): the future's callbacks may issue
             # more operations on this group and wait for them (PowerSGD's hook does)
             _settler().submit(self._settle, tfut)
+
+    def _attach_record(self, rec):
+        """End profiler event rec when this Work completes; False if it already has."""
+        if self._lock is None:
+            return False
+        with self._lock:
+            if self._finished:
+                return False
+            self._record = rec
+            return True
 
     def _value(self):
         out = self._outputs
@@ -213,6 +227,40 @@ class AccordWork(dist.Work):
     def __repr__(self):
         state = "done" if self.is_completed() else "pending"
         return f"<accord.torch.AccordWork {self._desc} {state}>"
+
+
+_profiler = torch.autograd.profiler     # its _is_profiler_enabled: one module read per call
+_RecordFunctionFast = torch._C._profiler._RecordFunctionFast
+class _TLSDefault(threading.local):
+    recording = False       # inside _recorded on this thread: record once, not again
+
+
+_tls = _TLSDefault()
+
+_ender = (None, None)       # (pid, queue of the thread that ends profiler events)
+
+
+def _end_elsewhere(rec):
+    """End profiler event rec on another thread (one long-lived thread, so torch's
+    profiler sees an asynchronous event, as gloo's), and wait until it has."""
+    global _ender
+    pid, q = _ender
+    if pid != os.getpid():
+        import queue
+        q = queue.SimpleQueue()
+
+        def serve():
+            while True:
+                r, done = q.get()
+                try:
+                    r.__exit__(None, None, None)
+                finally:
+                    done.set()
+        threading.Thread(target=serve, name="accord-profiler-events", daemon=True).start()
+        _ender = (os.getpid(), q)
+    done = threading.Event()
+    q.put((rec, done))
+    done.wait()
 
 
 _settle_pool = (None, None)       # (pid, executor): threads do not survive a fork
@@ -418,6 +466,25 @@ class AccordProcessGroup(dist.ProcessGroup):
                 f"size={self.size()}>")
 
     # helpers
+    def _recorded(self, name, inputs, method, args):
+        """Run method(self, *args) as one profiler event "accord:<name>" with the
+        inputs' shapes, as gloo's backend records its calls: begun on the calling
+        thread and ended on another (torch counts such events as asynchronous), before
+        the call's Work completes. Only while torch's profiler is on."""
+        rec = _RecordFunctionFast(f"{BACKEND_NAME}:{name}", list(inputs))
+        rec.__enter__()
+        _tls.recording = True
+        try:
+            work = method(self, *args)
+        except BaseException:
+            _end_elsewhere(rec)
+            raise
+        finally:
+            _tls.recording = False
+        if not (isinstance(work, AccordWork) and work._attach_record(rec)):
+            _end_elsewhere(rec)
+        return work
+
     def _work(self, parts, outputs, desc, stage=None, then=None, source=-1):
         after = stage.after(then) if stage is not None else then
         for p in parts:
@@ -439,6 +506,8 @@ class AccordProcessGroup(dist.ProcessGroup):
     # torch's own functions returns no Work (_finish).
 
     def broadcast(self, tensors, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("broadcast", tensors, AccordProcessGroup.broadcast, (tensors, opts))
         if opts is None:
             opts = _C.BroadcastOptions()
         t = tensors[0] if len(tensors) == 1 else _one(tensors, "broadcast")
@@ -448,6 +517,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return _finish(w, tensors, "broadcast", st)
 
     def allreduce(self, tensors, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("all_reduce", tensors, AccordProcessGroup.allreduce, (tensors, opts))
         if opts is None:
             opts = _C.AllreduceOptions()
         elif type(opts) is not _AllreduceOptions and not hasattr(opts, "reduceOp"):
@@ -467,6 +538,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return _finish(w, tensors, "allreduce", st)
 
     def allreduce_coalesced(self, tensors, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("all_reduce", tensors, AccordProcessGroup.allreduce_coalesced, (tensors, opts))
         if opts is None:
             opts = _C.AllreduceCoalescedOptions()
         op, factor = _reduce_op(opts.reduceOp)
@@ -495,6 +568,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return self._work(parts, tensors, "allreduce_coalesced", st, unflatten)
 
     def reduce(self, tensors, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("reduce", tensors, AccordProcessGroup.reduce, (tensors, opts))
         if opts is None:
             opts = _C.ReduceOptions()
         op, factor = _reduce_op(opts.reduceOp)
@@ -510,6 +585,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return _finish(w, tensors, "reduce", st)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("all_gather", input_tensors, AccordProcessGroup.allgather, (output_tensors, input_tensors, opts))
         if opts is None:
             opts = _C.AllgatherOptions()
         outs = _one(output_tensors, "allgather")
@@ -524,6 +601,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return _finish(w, output_tensors, "allgather", st)
 
     def all_gather_single(self, output, input, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("all_gather_into_tensor", [input], AccordProcessGroup.all_gather_single, (output, input, opts))
         if opts is None:
             opts = _C.AllgatherOptions()
         st = None
@@ -540,6 +619,8 @@ class AccordProcessGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("all_gather", input_list, AccordProcessGroup.allgather_coalesced, (output_lists, input_list, opts))
         if opts is None:
             opts = _C.AllgatherOptions()
         st = _Stage()
@@ -551,6 +632,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return self._work(parts, output_lists, "allgather_coalesced", st)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("all_gather_into_tensor_coalesced", inputs, AccordProcessGroup.all_gather_single_coalesced, (outputs, inputs, opts))
         if opts is None:
             opts = _C.AllgatherOptions()
         st = _Stage()
@@ -581,6 +664,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return t, lst, st
 
     def gather(self, output_lists, input_tensors, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("gather", input_tensors, AccordProcessGroup.gather, (output_lists, input_tensors, opts))
         if opts is None:
             opts = _C.GatherOptions()
         root = opts.rootRank
@@ -590,6 +675,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return _finish(w, output_lists, "gather", st)
 
     def scatter(self, output_tensors, input_lists, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("scatter", [t for lst in input_lists for t in lst], AccordProcessGroup.scatter, (output_tensors, input_lists, opts))
         if opts is None:
             opts = _C.ScatterOptions()
         root = opts.rootRank
@@ -599,6 +686,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return _finish(w, output_tensors, "scatter", st)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("reduce_scatter", [t for lst in input_lists for t in lst], AccordProcessGroup.reduce_scatter, (output_tensors, input_lists, opts))
         if opts is None:
             opts = _C.ReduceScatterOptions()
         op, factor = _reduce_op(opts.reduceOp)
@@ -611,6 +700,8 @@ class AccordProcessGroup(dist.ProcessGroup):
         return _finish(w, output_tensors, "reduce_scatter", st)
 
     def reduce_scatter_single(self, output, input, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("reduce_scatter_tensor", [output], AccordProcessGroup.reduce_scatter_single, (output, input, opts))
         if opts is None:
             opts = _C.ReduceScatterOptions()
         op, factor = _reduce_op(opts.reduceOp)
@@ -625,6 +716,8 @@ class AccordProcessGroup(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("reduce_scatter_tensor_coalesced", inputs, AccordProcessGroup.reduce_scatter_single_coalesced, (outputs, inputs, opts))
         if opts is None:
             opts = _C.ReduceScatterOptions()
         op, factor = _reduce_op(opts.reduceOp)
@@ -642,6 +735,8 @@ class AccordProcessGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("all_to_all", input_tensors, AccordProcessGroup.alltoall, (output_tensors, input_tensors, opts))
         if opts is None:
             opts = _C.AllToAllOptions()
         st = _Stage()
@@ -652,6 +747,8 @@ class AccordProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("all_to_all", [input], AccordProcessGroup.all_to_all_single, (output, input, output_split_sizes, input_split_sizes, opts))
         if opts is None:
             opts = _C.AllToAllOptions()
         st = _Stage()
@@ -664,6 +761,8 @@ class AccordProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("barrier", [], AccordProcessGroup.barrier, (opts,))
         if opts is None:
             opts = _C.BarrierOptions()
         w = api.barrier(group=self._g, async_op=opts.asyncOp, timeout=_timeout(opts))
@@ -672,16 +771,22 @@ class AccordProcessGroup(dist.ProcessGroup):
     # -- point to point ----------------------------------------------------------
     # always a Work (torch's send/recv wait on it): isend/irecv run on the worker thread
     def send(self, tensors, dst, tag=0):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("send", tensors, AccordProcessGroup.send, (tensors, dst, tag))
         st = _Stage()
         w = api.isend(st.inp(_one(tensors, "send")), group=self._g, group_dst=dst, tag=tag)
         return AccordWork([w], tensors, "send")
 
     def recv(self, tensors, src, tag=0):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("recv", tensors, AccordProcessGroup.recv, (tensors, src, tag))
         st = _Stage()
         w = api.irecv(st.out(_one(tensors, "recv")), group=self._g, group_src=src, tag=tag)
         return AccordWork([w], tensors, "recv", st.after(), src)
 
     def recv_anysource(self, tensors, tag=0):
+        if _profiler._is_profiler_enabled and not _tls.recording:
+            return self._recorded("recvAnySource", tensors, AccordProcessGroup.recv_anysource, (tensors, tag))
         st = _Stage()
         w = api.irecv(st.out(_one(tensors, "recv")), group=self._g, tag=tag)
         g = self._g

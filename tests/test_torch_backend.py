@@ -427,7 +427,8 @@ def _sparse_inputs(rank):
     i = torch.tensor([[0, rank + 1, 2], [1, 0, 3]])
     v = torch.tensor([1.0, 2.0 * (rank + 1), 3.0])
     hybrid = torch.sparse_coo_tensor(torch.tensor([[rank % 2, 2]]),
-                                     torch.full((2, 3), float(rank + 1)), (3, 3))
+                                     torch.full((2, 3), float(rank + 1)), (3, 3),
+                                     check_invariants=True)
     return torch.sparse_coo_tensor(i, v, (5, 4), check_invariants=True), hybrid
 
 
@@ -437,7 +438,7 @@ def sparse_all_reduce(rank, world, backend):
     w = dist.all_reduce(hybrid, async_op=True)
     w.wait()
     empty = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros(0),
-                                    (4,))
+                                    (4,), check_invariants=True)
     dist.all_reduce(empty)
     return {"t": t, "hybrid": hybrid, "empty": empty}
 

@@ -21,7 +21,10 @@ other than gloo/nccl/ucc, two kinds of gate are opened, in memory only:
   "gloo", ...)`, `require_backend_is_available({"gloo"})`) also let the
   backend through: the module's source is read from the wheel, those decorator
   expressions rewritten, and the result compiled as the module torch imports.
-  Checks inside test bodies are left as they are.
+  Checks inside test bodies are left as they are;
+- with --profiling (also the default for accord), the backend joins torch's
+  lists of backends whose calls the profiler shows (PROFILING_SUPPORTED_
+  BACKENDS and the send/recv one), so the suite's profiler checks run.
 
 Prints one line per test with -v, and at the end the counts:
 `ran N: passed P, failed F, errors E, skipped S`. Exit status 0 when nothing
@@ -47,6 +50,8 @@ def _parse(argv):
                    help="run only tests whose name contains PATTERN (repeatable)")
     p.add_argument("--open-gates", dest="open_gates", action="store_true", default=None)
     p.add_argument("--no-open-gates", dest="open_gates", action="store_false")
+    p.add_argument("--profiling", dest="profiling", action="store_true", default=None)
+    p.add_argument("--no-profiling", dest="profiling", action="store_false")
     p.add_argument("--list", action="store_true", help="list the selected tests and exit")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
@@ -85,8 +90,9 @@ def open_decorator_gates(source: str, backend: str) -> str:
     return "\n".join(out)
 
 
-def load_suite(backend: str, world: int, open_gates: bool):
-    """Import torch's DistributedTest module for `backend` (gates opened as asked)."""
+def load_suite(backend: str, world: int, open_gates: bool, profiling: bool = False):
+    """Import torch's DistributedTest module for `backend` (gates opened as asked;
+    profiling: the suite checks the backend's profiler events)."""
     os.environ["BACKEND"] = backend
     os.environ["WORLD_SIZE"] = str(world)
     import torch.distributed as dist
@@ -107,6 +113,11 @@ def load_suite(backend: str, world: int, open_gates: bool):
         exec(compile(source, spec.origin, "exec"), module.__dict__)
     else:
         module = importlib.import_module(MODULE)
+    if profiling:
+        for name in ("PROFILING_SUPPORTED_BACKENDS", "SEND_RECV_PROFILING_SUPPORTED_BACKENDS"):
+            listed = getattr(module, name)
+            if backend not in listed:
+                listed.append(backend)
     return module
 
 
@@ -116,10 +127,13 @@ _ARGS = _parse(sys.argv[1:]) if __name__ in ("__main__", "__mp_main__") else Non
 if _ARGS is not None:
     _open = _ARGS.open_gates if _ARGS.open_gates is not None else \
         _ARGS.backend not in ("gloo", "nccl", "ucc", "mpi")
+    _prof = _ARGS.profiling if _ARGS.profiling is not None else _open
     if __name__ == "__mp_main__":        # a rank: the parent's choice, not the default
         _open = os.environ.get("ACCORD_SUITE_OPEN_GATES") == "1"
+        _prof = os.environ.get("ACCORD_SUITE_PROFILING") == "1"
     os.environ["ACCORD_SUITE_OPEN_GATES"] = "1" if _open else "0"
-    _dt = load_suite(_ARGS.backend, _ARGS.world, _open)
+    os.environ["ACCORD_SUITE_PROFILING"] = "1" if _prof else "0"
+    _dt = load_suite(_ARGS.backend, _ARGS.world, _open, _prof)
 
     class TestDistBackendWithSpawn(_dt.TestDistBackend, _dt.DistributedTest._DistTestBase):
         """torch's DistributedTest, one spawned process per rank (as torch runs it)."""
@@ -150,7 +164,8 @@ def main() -> int:
     failed, errors = len(r.failures) + len(r.unexpectedSuccesses), len(r.errors)
     passed = r.testsRun - skipped - failed - errors - len(r.expectedFailures)
     print(f"\nbackend {_ARGS.backend}, world {_ARGS.world}, gates "
-          f"{'opened' if os.environ['ACCORD_SUITE_OPEN_GATES'] == '1' else 'as torch has them'}: "
+          f"{'opened' if os.environ['ACCORD_SUITE_OPEN_GATES'] == '1' else 'as torch has them'}, "
+          f"profiler checks {'on' if os.environ['ACCORD_SUITE_PROFILING'] == '1' else 'off'}: "
           f"ran {r.testsRun}: passed {passed}, failed {failed}, errors {errors}, "
           f"skipped {skipped}")
     for kind, items in (("FAILED", r.failures), ("ERROR", r.errors)):
