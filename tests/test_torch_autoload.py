@@ -110,3 +110,36 @@ def test_the_entry_point_never_raises(installed, tmp_path):
     r = _python(code, installed, tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok False False", r.stdout
+
+
+
+ELASTIC = """
+import sys
+import torch
+import torch.distributed as dist
+assert "accord" not in sys.modules
+dist.init_process_group("accord")              # torchrun's env://, the name found by itself
+t = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} sum={t.item():g} "
+      f"backend={dist.get_backend()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_elastic_rendezvous_on_accord(installed, tmp_path):
+    # torch.distributed.elastic: an elastic node range and the c10d rendezvous
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    script = tmp_path / "elastic.py"
+    script.write_text(ELASTIC)
+    env = dict(os.environ, PYTHONPATH=installed, OMP_NUM_THREADS="1",
+               TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+    r = subprocess.run([torchrun, "--nnodes", "1:2", "--nproc-per-node", "2",
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+                        "--rdzv-id", "accord-elastic", "--rdzv-conf", "last_call_timeout=1",
+                        "--monitor-interval", "0.5", "--log-dir", str(tmp_path / "logs"),
+                        "--tee", "3", str(script)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(2):
+        assert f"rank {rank}/2 sum=3 backend=accord" in r.stdout, r.stdout
