@@ -23,7 +23,7 @@ BACKEND_NAME = "accord"
 def _create(common_opts, backend_options=None):
     """torch's creator for "accord": import the backend on first use, then build the group."""
     from accord import torch as accord_torch
-    return accord_torch._create(common_opts, backend_options)
+    return accord_torch.create_group(common_opts, backend_options)
 
 
 def register() -> None:

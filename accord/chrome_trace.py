@@ -67,7 +67,7 @@ def export_chrome_trace(path: str, groups=None) -> str:
 
     Returns path. Calls still running appear with zero duration.
     """
-    groups = list(debug._groups) if groups is None else list(groups)
+    groups = debug.live_groups() if groups is None else list(groups)
     by_rank: Dict[int, Dict] = {}
     for g in groups:
         d = by_rank.setdefault(g.global_rank, {"rank": g.global_rank, "groups": {}})

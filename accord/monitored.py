@@ -15,12 +15,16 @@ from __future__ import annotations
 import datetime
 import sys
 import time
+import weakref
 from typing import Optional
 
 from .errors import CommTimeout
 from .group import ProcessGroup
 from .options import to_seconds
 from ._types import Timeout
+
+
+_calls: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # group -> calls so far
 
 
 def _is_torch_store(store) -> bool:
@@ -45,8 +49,8 @@ def _resolve(group):
     """The accord group behind `group`: an accord group, a torch group on backend
     "accord", or None (accord's default group, else torch's default group when that
     one runs on accord); None for a rank outside a torch group."""
-    from . import api
-    if group is None and not api.is_initialized():
+    from . import world
+    if group is None and not world.is_initialized():
         bridge = sys.modules.get("accord.torch")
         if bridge is not None:
             group = bridge.default_group()
@@ -57,7 +61,7 @@ def _resolve(group):
         torch = sys.modules.get("torch")
         if torch is not None and group is torch.distributed.GroupMember.NON_GROUP_MEMBER:
             return None
-    return api._group(group)
+    return world.resolve_group(group)
 
 
 def _ms(seconds: float) -> int:
@@ -100,8 +104,8 @@ def monitored_barrier(group: Optional[ProcessGroup] = None, timeout: Timeout = N
     if g.size == 1:
         return None
     store = g.store
-    gen = getattr(g, "_monitored_count", 0)
-    g._monitored_count = gen + 1
+    gen = _calls.get(g, 0)
+    _calls[g] = gen + 1
     prefix = f"accord/monitored_barrier/{g.name}/{gen}"
     done = f"{prefix}/done"
     me = g.ranks[g.rank]

@@ -8,7 +8,7 @@ An installed accord registers the backend at `import torch`, through its
 only when the first accord group is made). Importing this module registers
 it too (CPU device, torch's extended creator API), for environments where
 torch's entry points are off (TORCH_DEVICE_BACKEND_AUTOLOAD=0) or accord is
-on the path without being installed. torch then calls `_create` once per group on every member rank,
+on the path without being installed. torch then calls `create_group` once per group on every member rank,
 with the group's own store (already prefixed by torch), and uses the
 `AccordProcessGroup` it returns as the group itself: torch's functions
 (dist.all_reduce, ...), DDP's reducer, the object collectives and
@@ -51,8 +51,8 @@ from .options import to_seconds
 from .reduceops import ReduceOp
 from .rendezvous.torchelastic import agent_store   # in __all__: its old home
 
-__all__ = ["AccordProcessGroup", "AccordWork", "agent_store", "BACKEND_NAME", "default_group",
-           "monitored_barrier"]
+__all__ = ["AccordProcessGroup", "AccordWork", "agent_store", "BACKEND_NAME", "create_group",
+           "default_group", "monitored_barrier"]
 
 BACKEND_NAME = "accord"
 
@@ -835,8 +835,9 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False) -> None:
 
 # -- registration ----------------------------------------------------------------
 
-def _create(common_opts, backend_options=None):
-    """torch's creator: build this rank's accord group over the group's store."""
+def create_group(common_opts, backend_options=None) -> "AccordProcessGroup":
+    """torch's creator of "accord" groups (extended API): this rank's accord group
+    over the group's store, as the torch ProcessGroup torch will use."""
     rank, size = common_opts.group_rank, common_opts.group_size
     ranks = list(common_opts.global_ranks_in_group) or list(range(size))
     timeout = to_seconds(common_opts.timeout)
@@ -852,7 +853,8 @@ def _create(common_opts, backend_options=None):
 def _register():
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, create_group, extended_api=True,
+                                  devices=["cpu"])
 
 
 _register()
