@@ -55,6 +55,8 @@ import select
 import struct
 import time
 
+import numpy as np
+
 from ..errors import AccordError, Desync, GroupClosed
 from . import cma, futex
 from .matching import Recv, Stash, StashMatching, complete, route
@@ -339,6 +341,9 @@ class _Link(StashMatching):
                         # what we read from it after that is not data
                         self.t._check_abort()
                         q[self.i_acked_i] = seq
+                        # the sender may sleep until this ack: tell it now, not after
+                        # whatever else this call goes on to read
+                        self.poke_space()
                         complete(self, h, owner)
                         continue
                     dest, owner = route(self, h)
@@ -380,17 +385,23 @@ class _Link(StashMatching):
                 self._publish_tail()
 
     def _cma_into_stash(self, owner, dest, addr):
-        """Copy a single-copy message nobody awaits yet, growing the stash as it reads."""
-        off = 0
-        while True:
-            k = len(dest) - off
-            if k:
-                cma.read(self.pid, cma.address(dest) + off, addr + off, k)
-                off += k
-            if off >= owner.length:
-                dest.release()
-                return
-            dest = owner.grow(dest)
+        """Copy a single-copy message nobody awaits yet into the stash, in one read.
+
+        Its bytes already sit in the sender's memory (it waits for our ack), so the
+        stash need not grow as they arrive: one buffer of the whole length, whose
+        pages the kernel provides only as the read fills them (np.empty does not
+        zero them, as bytearray would). A length that cannot be had is the peer's
+        error, as any impossible header."""
+        dest.release()
+        if owner.length:
+            try:
+                buf = np.empty(owner.length, np.uint8)
+            except MemoryError:
+                raise self.t.peer_lost(self.peer, f"announced a message of {owner.length} "
+                                                  f"bytes, more than this process can hold") \
+                    from None
+            cma.read(self.pid, buf.ctypes.data, addr, owner.length)
+            owner.buf = buf
 
     def has_input(self):
         return self.t.q[self.i_head_i] != self.i_tail
