@@ -648,8 +648,8 @@ def main(args):
 
     nt = nt_threshold()
     head = [f"# {command_line()}",
-            f"# method: anchors' (warm-up; blocks of ops, barrier before each; max over ranks; "
-            f"median block){'; --quick plan' if settings.quick else ''}"
+            f"# method: warm-up, then blocks of ops (a barrier before each; the slowest "
+            f"rank's time; the median block){'; --quick plan' if settings.quick else ''}"
             + ("; p2p ops the OSU way (osu_latency, osu_bw) between ranks 0 and 1"
                if any(op in P2P_OPS for op in settings.ops) else ""),
             "# libraries: " + "; ".join(describe_lib(l, settings) for l in libs)
