@@ -21,7 +21,8 @@ other than gloo/nccl/ucc, two kinds of gate are opened, in memory only:
   "gloo", ...)`, `require_backend_is_available({"gloo"})`) also let the
   backend through: the module's source is read from the wheel, those decorator
   expressions rewritten, and the result compiled as the module torch imports.
-  Checks inside test bodies are left as they are;
+  Checks inside test bodies are left as they are, but for the one that picks
+  DDP's CPU code path by name (`if BACKEND == "mpi" or BACKEND == "gloo":`);
 - with --profiling (also the default for accord), the backend joins torch's
   lists of backends whose calls the profiler shows (PROFILING_SUPPORTED_
   BACKENDS and the send/recv one), so the suite's profiler checks run.
@@ -60,10 +61,11 @@ def _parse(argv):
 def open_decorator_gates(source: str, backend: str) -> str:
     """The suite's source with its "gloo only" decorator gates also passing `backend`.
 
-    Only decorator expressions are rewritten (the lines from `@skip_but_pass_in_
+    Decorator expressions are rewritten (the lines from `@skip_but_pass_in_
     sandcastle_if(` or `@require_backend_is_available(` to their closing
     parenthesis): `BACKEND != "gloo"` becomes a test that is false for both names,
-    and a set `{"gloo", ...}` of required backends gains `backend`.
+    and a set `{"gloo", ...}` of required backends gains `backend`; so is the one
+    body-level `if BACKEND == "mpi" or BACKEND == "gloo":` (DDP's CPU path).
     """
     lines = source.split("\n")
     out, i = [], 0
@@ -85,7 +87,10 @@ def open_decorator_gates(source: str, backend: str) -> str:
                                     f'"{backend}"{m.group(2)}}})', text)
             out.extend(text.split("\n"))
         else:
-            out.append(line)
+            # the one body-level choice of the CPU code path by name (DDP's
+            # accumulate-gradients helper): gloo's path is the CPU one
+            out.append(line.replace('if BACKEND == "mpi" or BACKEND == "gloo":',
+                                    f'if BACKEND in ("mpi", "gloo", "{backend}"):'))
         i += 1
     return "\n".join(out)
 
