@@ -50,10 +50,11 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
     def body(c):
         run(c)
         buf.finish()
-    return plans.run(g, "broadcast", body, async_op, timeout, stamp)
+    return plans.run(g, "broadcast", body, async_op, timeout, stamp,
+                     ("broadcast", root, {"tensor": tensor}))
 
 
-def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
+def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout, call):
     total = sum(b.nbytes for b in blocks)
     forced = g.options.algorithms
 
@@ -72,7 +73,8 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
         def body(c):
             run(c)
             _finish(*outs)
-        return plans.run(g, opname, body, async_op, timeout, plans.stamp(mine, count=total))
+        return plans.run(g, opname, body, async_op, timeout, plans.stamp(mine, count=total),
+                         call)
 
     def body(c):
         if c is None:
@@ -82,7 +84,7 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout):
             # copies its own
             choose("all_gather", total, c, forced)(c, blocks, mine.arr, own)
         _finish(*outs)
-    return plans.run(g, opname, body, async_op, timeout, plans.stamp(mine, count=total))
+    return plans.run(g, opname, body, async_op, timeout, plans.stamp(mine, count=total), call)
 
 
 def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor,
@@ -123,7 +125,8 @@ def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor,
     same_dtype(mine, outs, "tensor_list", "tensor")
     same_size(outs[g.rank], mine, f"tensor_list[{g.rank}]", "tensor")
     blocks = [o.arr for o in outs]
-    return _all_gather_blocks(g, "all_gather", blocks, mine, outs, async_op, timeout)
+    return _all_gather_blocks(g, "all_gather", blocks, mine, outs, async_op, timeout,
+                              ("all_gather", -1, {"tensor": tensor, "tensor_list": tensor_list}))
 
 
 def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor,
@@ -165,7 +168,9 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor,
         raise ValueError(f"output_tensor: must hold group size ({g.size}) x input_tensor's "
                          f"{mine.numel} elements, holds {out.numel} ({out.describe()})")
     blocks = split(out.arr, [mine.numel] * g.size)
-    return _all_gather_blocks(g, "all_gather", blocks, mine, [out], async_op, timeout)
+    return _all_gather_blocks(g, "all_gather", blocks, mine, [out], async_op, timeout,
+                              ("all_gather_into_tensor", -1, {"input_tensor": input_tensor,
+                                                              "output_tensor": output_tensor}))
 
 
 def gather(tensor: Tensor, gather_list: Optional[Sequence[Tensor]] = None,
@@ -216,7 +221,8 @@ def gather(tensor: Tensor, gather_list: Optional[Sequence[Tensor]] = None,
             rooted.gather(c, mine.arr, outs and [o.arr for o in outs], root)
         if outs is not None:
             _finish(*outs)
-    return plans.run(g, "gather", body, async_op, timeout, plans.stamp(mine, root))
+    return plans.run(g, "gather", body, async_op, timeout, plans.stamp(mine, root),
+                     ("gather", root, {"tensor": tensor, "gather_list": gather_list}))
 
 
 def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
@@ -273,7 +279,8 @@ def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
         elif own is not None:
             own()
         mine.finish()
-    return plans.run(g, "scatter", body, async_op, timeout, plans.stamp(mine, root))
+    return plans.run(g, "scatter", body, async_op, timeout, plans.stamp(mine, root),
+                     ("scatter", root, {"scatter_list": scatter_list, "tensor": tensor}))
 
 
 def reduce(tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM,
@@ -293,7 +300,8 @@ def reduce(tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SU
         run(c)
         if g.rank == root:
             buf.finish()
-    return plans.run(g, "reduce", body, async_op, timeout, stamp)
+    return plans.run(g, "reduce", body, async_op, timeout, stamp,
+                     ("reduce", root, {"tensor": tensor}))
 
 
 def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
@@ -319,10 +327,12 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
     def body(c):
         run(c)
         buf.finish()
-    return plans.run(g, "all_reduce", body, async_op, timeout, stamp)
+    return plans.run(g, "all_reduce", body, async_op, timeout, stamp,
+                     ("all_reduce", -1, {"tensor": tensor}))
 
 
-def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, total_bytes):
+def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, total_bytes,
+                           call):
     out = output
     hier = hierarchy.phased(g, "reduce_scatter", total_bytes)
 
@@ -343,7 +353,7 @@ def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, t
         np.copyto(out.arr, blocks[g.rank], casting="no")
         out.finish()
     return plans.run(g, "reduce_scatter", body, async_op, timeout,
-                     plans.stamp(out, -1, op, total_bytes))
+                     plans.stamp(out, -1, op, total_bytes), call)
 
 
 def reduce_scatter(output: Tensor, input_list: Sequence[Tensor], op: ReduceOp = ReduceOp.SUM,
@@ -387,7 +397,9 @@ def reduce_scatter(output: Tensor, input_list: Sequence[Tensor], op: ReduceOp = 
     check_op(op, out)
     counts = [b.numel for b in ins]
     return _reduce_scatter_blocks(g, out, counts, lambda: np.concatenate([b.arr for b in ins]),
-                                  op, async_op, timeout, sum(b.nbytes for b in ins))
+                                  op, async_op, timeout, sum(b.nbytes for b in ins),
+                                  ("reduce_scatter", -1, {"input_list": input_list,
+                                                          "output": output}))
 
 
 def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp.SUM,
@@ -430,16 +442,18 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp
                          f"elements, holds {inp.numel} ({inp.describe()})")
     check_op(op, out)
     return _reduce_scatter_blocks(g, out, [out.numel] * g.size, lambda: inp.arr.copy(), op,
-                                  async_op, timeout, inp.nbytes)
+                                  async_op, timeout, inp.nbytes,
+                                  ("reduce_scatter_tensor", -1, {"input": input,
+                                                                 "output": output}))
 
 
-def _all_to_all_blocks(g, ref, outs, out_blocks, in_blocks, async_op, timeout):
+def _all_to_all_blocks(g, ref, outs, out_blocks, in_blocks, async_op, timeout, call):
     def body(c):
         np.copyto(out_blocks[g.rank], in_blocks[g.rank], casting="no")
         if c is not None:
             rooted.all_to_all(c, out_blocks, in_blocks)
         _finish(*outs)
-    return plans.run(g, "all_to_all", body, async_op, timeout, plans.stamp(ref))
+    return plans.run(g, "all_to_all", body, async_op, timeout, plans.stamp(ref), call)
 
 
 def all_to_all(output_tensor_list: Sequence[Tensor], input_tensor_list: Sequence[Tensor],
@@ -480,7 +494,9 @@ def all_to_all(output_tensor_list: Sequence[Tensor], input_tensor_list: Sequence
     same_size(outs[g.rank], ins[g.rank], f"output_tensor_list[{g.rank}]",
                f"input_tensor_list[{g.rank}]")
     return _all_to_all_blocks(g, outs[0], outs, [o.arr for o in outs], [b.arr for b in ins],
-                              async_op, timeout)
+                              async_op, timeout,
+                              ("all_to_all", -1, {"input_tensor_list": input_tensor_list,
+                                                  "output_tensor_list": output_tensor_list}))
 
 
 def all_to_all_single(output: Tensor, input: Tensor,
@@ -526,7 +542,8 @@ def all_to_all_single(output: Tensor, input: Tensor,
         raise ValueError(f"output_split_sizes/input_split_sizes: this rank keeps {ic[g.rank]} "
                          f"elements of its input but expects {oc[g.rank]} in its output")
     return _all_to_all_blocks(g, out, [out], split(out.arr, oc), split(inp.arr, ic), async_op,
-                              timeout)
+                              timeout, ("all_to_all_single", -1, {"input": input,
+                                                                  "output": output}))
 
 
 def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
@@ -558,7 +575,7 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     if not g.is_member:
         return not_member(g, "barrier")
     body, stamp = plans.barrier_run(g)
-    return plans.run(g, "barrier", body, async_op, timeout, stamp)
+    return plans.run(g, "barrier", body, async_op, timeout, stamp, ("barrier", -1, {}))
 
 
 # -- point to point ---------------------------------------------------------------

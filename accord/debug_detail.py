@@ -14,7 +14,6 @@ broadcast", one environment variable away. It costs a round trip and a pass
 over the data per call: for debugging, not for production.
 """
 import json
-import sys
 import zlib
 
 import numpy as np
@@ -25,7 +24,8 @@ from .transport.wire import OP_CODES, OP_NAMES, Stamp
 
 SIG_BYTES = 4096
 
-# api function -> (source arguments, output arguments)
+# api function -> (source arguments, output arguments): the names of its tensor
+# arguments, as the call hands them to wrap()
 _ARGS = {
     "broadcast": (("tensor",), ("tensor",)),
     "all_gather": (("tensor",), ("tensor_list",)),
@@ -45,15 +45,6 @@ _ROOT_SOURCES = {"broadcast", "scatter"}
 # calls whose first tensor must have the same shape on every rank
 _SAME_SHAPE = {"broadcast", "all_reduce", "reduce", "all_gather_into_tensor",
                "reduce_scatter_tensor"}
-
-
-def _api_frame():
-    f = sys._getframe(3)
-    while f is not None:
-        if f.f_code.co_name in _ARGS and f.f_code.co_filename.endswith("api.py"):
-            return f.f_code.co_name, dict(f.f_locals)
-        f = f.f_back
-    return None, {}
 
 
 def _arrays(value):
@@ -127,13 +118,18 @@ def suspicious(dtype, a):
     return None
 
 
-def wrap(group, opname, stamp, body):
-    """body(c) preceded by the signature check and summaries, followed by summaries."""
-    fname, args = _api_frame()
-    if fname is None:
+def wrap(group, call, stamp, body):
+    """body(c) preceded by the signature check and summaries, followed by summaries.
+
+    call: (name, root, tensors) from the api function that makes the call: its
+    name (a key of _ARGS), its root as a rank of the group (-1: none) and its
+    tensor arguments by name. None for calls that are not the api's own (the
+    phases of a hierarchical call, broadcast_state's buckets): body runs as is.
+    """
+    if call is None:
         return body
+    fname, root, args = call
     sources, outputs = _ARGS[fname]
-    root = args.get("root", -1)
     is_root = root == group.rank
     me = group.global_rank
     call = f"{fname} #{stamp.seq}" + (f" at {stamp.where}" if stamp.where else "")
@@ -172,8 +168,9 @@ def _agree(c, group, stamp, sig, fname):
     theirs = {p: np.empty(SIG_BYTES, np.uint8) for p in peers}
     check = Stamp(OP_CODES["signature"], stamp.seq, -1, 0, 0, SIG_BYTES, "", site=stamp.site,
                   where=stamp.where)
-    c._t.exchange([(p, memoryview(mine)) for p in peers],
-                  [(p, memoryview(theirs[p])) for p in peers], check, c._deadline)
+    # a round of its own, stamped "signature": a peer that skipped the check is a Desync
+    c.restamped(check).exchange([(p, memoryview(mine)) for p in peers],
+                                [(p, memoryview(theirs[p])) for p in peers])
     sigs = {c.rank: sig}
     for p, arr in theirs.items():
         try:

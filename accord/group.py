@@ -193,8 +193,9 @@ class ProcessGroup:
         return GroupClosed(f"rank {self.global_rank}: group {self.name!r} is broken by an "
                            f"earlier error: {type(cause).__name__}: {cause}")
 
-    def submit(self, opname, body, async_op, timeout=None, stamp_args=None):
-        """Run body(comm) in issue order. stamp_args: root, dtype, redop, count."""
+    def submit(self, opname, body, async_op, timeout=None, stamp_args=None, call=None):
+        """Run body(comm) in issue order. stamp_args: root, dtype, redop, count.
+        call: the api call's name, root and tensors, for ACCORD_DEBUG=DETAIL."""
         self.check_open()
         timeout = self.timeout if timeout is None else timeout
         site, where = debug.call_site()
@@ -212,7 +213,7 @@ class ProcessGroup:
             self._seq = seq + 1
             desc = f"{opname} #{stamp.seq}"
             if self.options is not None and self.options.debug == "DETAIL":
-                body = debug_detail.wrap(self, opname, stamp, body)
+                body = debug_detail.wrap(self, call, stamp, body)
             if not async_op and self._pending == 0:
                 self.waiters += main
                 try:

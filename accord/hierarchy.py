@@ -188,7 +188,7 @@ class Hierarchy:
     def _call(self, c, sub, opname, make, *args):
         """One phase: a synchronous call on subgroup sub within the parent's deadline."""
         body, stamp = make(sub, *args)
-        plans.run(sub, opname, body, False, max(0.001, c._deadline - time.monotonic()), stamp)
+        plans.run(sub, opname, body, False, max(0.001, c.deadline - time.monotonic()), stamp)
 
     # -- lifetime -------------------------------------------------------------------
     def break_all(self, exc):

@@ -26,15 +26,18 @@ def stamp(buf, root=-1, op=0, count=-1):
     return (root, buf.dtype_code, int(op), count, buf.dtype_name, buf.shape)
 
 
-def run(g, opname, body, async_op, timeout, stamp_args):
-    """Run body(comm) as the next call of group g; a Work with async_op, else its result."""
+def run(g, opname, body, async_op, timeout, stamp_args, call=None):
+    """Run body(comm) as the next call of group g; a Work with async_op, else its result.
+
+    call: (api function, root, {argument: tensor}) when the api makes the call, which
+    ACCORD_DEBUG=DETAIL checks across ranks and logs (debug_detail.py)."""
     timeout = to_seconds(timeout, "timeout")
     if g.size == 1:
         # a group of one moves no bytes; run the local part on the caller's thread
         g.check_open()
         body(None)
         return completed_work(opname) if async_op else None
-    return g.submit(opname, body, async_op, timeout, stamp_args)
+    return g.submit(opname, body, async_op, timeout, stamp_args, call)
 
 
 def broadcast_run(g, buf, root):

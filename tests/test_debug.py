@@ -147,6 +147,43 @@ def test_detail_checks_full_shapes_on_every_rank(transport):
         assert "test_debug.py:" in msg
 
 
+def _detail_every_collective(rank, world):
+    records = _collect_logs()
+    x = np.arange(4, dtype=np.float32) + rank
+    dist.broadcast(x.copy(), src=1)
+    dist.all_gather([np.zeros(4, np.float32) for _ in range(world)], x)
+    dist.all_gather_into_tensor(np.zeros(4 * world, np.float32), x)
+    dist.gather(x, [np.zeros(4, np.float32) for _ in range(world)] if rank == 1 else None, dst=1)
+    dist.scatter(np.zeros(4, np.float32), [x] * world if rank == 0 else None, src=0)
+    dist.reduce(x.copy(), dst=0)
+    dist.all_reduce(x.copy())
+    dist.reduce_scatter(np.zeros(4, np.float32), [x] * world)
+    dist.reduce_scatter_tensor(np.zeros(2, np.float32), np.tile(x, world // 2 + 1)[:2 * world])
+    dist.all_to_all([np.zeros(4, np.float32) for _ in range(world)], [x] * world)
+    dist.all_to_all_single(np.zeros(2 * world, np.float32), np.tile(x, world)[:2 * world])
+    dist.barrier(async_op=True).wait()
+    dist.all_reduce(x.copy(), async_op=True).wait()          # through the group's worker
+    return [m for _, m in records]
+
+
+def test_detail_names_the_tensors_of_every_collective(transport):
+    # each call hands its tensors to the check by name; both ranks agree, so no Desync
+    out = run_ranks(2, _detail_every_collective, timeout=30,
+                    env={"ACCORD_DEBUG": "DETAIL", **transport})
+    expected = [("broadcast", "tensor"), ("all_gather", "tensor_list[1]"),
+                ("all_gather_into_tensor", "output_tensor"), ("scatter", "tensor"),
+                ("reduce", "tensor"), ("all_reduce", "tensor"),
+                ("reduce_scatter", "input_list[0]"), ("reduce_scatter_tensor", "input"),
+                ("all_to_all", "output_tensor_list[1]"), ("all_to_all_single", "output")]
+    for rank, lines in enumerate(out):
+        text = "\n".join(lines)
+        for op, label in expected:
+            assert f"rank {rank} {op} #" in text and f": {label} float32" in text, (op, label)
+        gathered = [m for m in lines if " gather #" in m and "gather_list" in m]
+        assert bool(gathered) == (rank == 1), gathered       # only the root has a list
+        assert sum(" all_reduce #" in m and "before: tensor" in m for m in lines) == 2
+
+
 def test_suspicious_heuristics():
     assert debug_detail.suspicious("float32", np.zeros(3, np.float32)).startswith("is all zeros")
     assert "denormal" in debug_detail.suspicious("float32", np.array([1e-41, 1.0], np.float32))

@@ -22,6 +22,18 @@ class Comm:
         self.peer_memory = transport.peer_memory
         self._t, self._stamp, self._deadline = transport, stamp, deadline
 
+    @property
+    def deadline(self):
+        """The time.monotonic() by which the call must be done (phases on subgroups
+        run within what is left of it)."""
+        return self._deadline
+
+    def restamped(self, stamp):
+        """The same links and deadline with every message stamped `stamp`: an extra
+        round of the call that its peers check as a call of its own (the signature
+        exchange of ACCORD_DEBUG=DETAIL)."""
+        return Comm(self._t, stamp, self._deadline)
+
     def exchange(self, sends=(), recvs=(), meanwhile=None, ring=False):
         """Move every (peer, buffer) send and receive of one step; return when done.
 
