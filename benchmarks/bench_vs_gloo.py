@@ -5,7 +5,7 @@
 Runs, from the repository root, the single command printed below (also written
 at the top of the markdown file), which times accord with ACCORD_TRANSPORT=tcp,
 torch gloo and mpi4py/MPICH side by side with accord bench's method
-(see accord/bench_worker.py) and writes, under benchmarks/results/:
+(see accord/cli/bench_worker.py) and writes, under benchmarks/results/:
 
     bench-tcp-w2.csv          every row (lib, world, op, size, lat_us, algbw, busbw, ...)
     README-table-tcp.md       the table for the README, with the command and settings

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from accord.bench import CSV_FIELDS, fmt_size, parse_size
+from accord.cli.bench import CSV_FIELDS, fmt_size, parse_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +109,7 @@ def test_quick_compare_gloo(tmp_path):
 
 
 def test_missing_libraries_are_skipped_with_a_reason(monkeypatch):
-    import accord.bench as bench_mod
+    import accord.cli.bench as bench_mod
     real = bench_mod.importlib.util.find_spec
     monkeypatch.setattr(bench_mod.importlib.util, "find_spec",
                         lambda name, *a: None if name in ("torch", "mpi4py") else real(name, *a))
@@ -119,7 +119,7 @@ def test_missing_libraries_are_skipped_with_a_reason(monkeypatch):
 
 
 def test_merge_runs_takes_the_median():
-    from accord.bench import merge_runs
+    from accord.cli.bench import merge_runs
     base = {"lib": "accord", "world": 2, "op": "broadcast", "size_bytes": 1 << 20,
             "op_p50_us": 1.0, "blk_min_us": 1.0, "iters": 1, "blocks": 1, "verified": True}
     runs = [[dict(base, lat_us=lat)] for lat in (300.0, 100.0, 200.0)]
@@ -132,7 +132,7 @@ P2P = ["pingpong", "p2p_bw"]
 
 
 def available(lib):
-    from accord.bench import availability
+    from accord.cli.bench import availability
     return availability(lib) is None
 
 
@@ -207,7 +207,7 @@ class _Loopback:
 
 def test_p2p_verify_catches_wrong_data():
     import numpy as np
-    from accord.bench_p2p import p2p_ops, pattern
+    from accord.cli.bench_p2p import p2p_ops, pattern
     numel = 256
     for incoming, want in ((pattern(numel, 0), True), (pattern(numel, 1), False),
                            (np.zeros(numel, np.float32), False)):

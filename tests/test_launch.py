@@ -1,4 +1,5 @@
-"""`accord run` (accord/launch.py, accord/_child.py) and the `accord` CLI, with real processes."""
+"""`accord run` (accord/cli/run.py, accord/cli/_child.py) and the `accord` CLI, with real
+processes."""
 import json
 import os
 import signal

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from accord import _output
+from . import _output
 
 DEFAULT_GRACE = 3.0      # seconds between SIGTERM and SIGKILL when stopping ranks
 REAP_TIMEOUT = 5.0       # seconds to wait for SIGKILLed ranks to be reaped

@@ -1,6 +1,6 @@
 """The wrapper `accord run` starts each rank through (not a public interface).
 
-    python .../accord/_child.py ERROR_FILE LAUNCHER_PID script|module TARGET [ARGS...]
+    python .../accord/cli/_child.py ERROR_FILE LAUNCHER_PID script|module TARGET [ARGS...]
 
 It runs TARGET as __main__ exactly as `python TARGET ARGS...` (or
 `python -m TARGET ARGS...`) would, with three additions:
@@ -23,9 +23,9 @@ folding lives here rather than in a module of the package).
 import os
 import sys
 
-# Python put this file's directory (the accord package) first on sys.path; it
-# holds modules named like real ones (accord/torch.py), so take it off before
-# importing anything else. (os and sys are loaded before any script runs.)
+# Python put this file's directory (accord/cli) first on sys.path; it holds
+# modules named like ones a program may import (run.py, bench.py), so take it
+# off before importing anything else. (os and sys are loaded before any script runs.)
 if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]
 
@@ -56,7 +56,8 @@ def _die_with_parent(launcher_pid):
         os._exit(1)
 
 
-_ACCORD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# the accord package (this file is accord/cli/_child.py): its frames are not the user's
+_ACCORD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # Where libraries live: a frame there is not "the user's code" (numpy, torch, the stdlib).
 _LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for p in (
     sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p}))

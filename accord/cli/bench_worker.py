@@ -1,9 +1,9 @@
 """One rank of `accord bench`: times collectives of one library and reports to the driver.
 
-Started by accord.bench, never by hand:
+Started by accord.cli.bench, never by hand:
 
-    accord run -n N -m accord.bench_worker --lib accord|gloo ...     (accord, torch gloo)
-    mpiexec -n N python -m accord.bench_worker --lib mpi ...         (mpi4py + MPICH)
+    accord run -n N -m accord.cli.bench_worker --lib accord|gloo ... (accord, torch gloo)
+    mpiexec -n N python -m accord.cli.bench_worker --lib mpi ...     (mpi4py + MPICH)
 
 The method is the anchor benchmarks' (bench_gloo.py, bench_mpi.py), unchanged:
 for every size, allocate the buffers; for every op, warm up, then BLOCKS timed
@@ -12,7 +12,7 @@ mean op time; the max over ranks of every block time (and of each rank's
 median single-op time) is taken with an all_reduce(MAX); the reported latency
 is the median block.  size = bytes of each rank's float32 tensor; busbw uses
 nccl-tests' factors.  The point-to-point ops (pingpong, p2p_bw: see
-accord.bench_p2p) run in the same loop, one op being one round trip or one
+accord.cli.bench_p2p) run in the same loop, one op being one round trip or one
 window, and their latency is divided by the messages that op moves.
 
 Rank 0 writes lines that start with PREFIX on stdout, one JSON object each:
@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from accord.bench_p2p import P2P_OPS, MpiStyle, TorchStyle, messages_per_call, p2p_ops
+from accord.cli.bench_p2p import P2P_OPS, MpiStyle, TorchStyle, messages_per_call, p2p_ops
 
 PREFIX = "@@accord-bench "
 OPS = ("broadcast", "all_gather", "scatter", "all_reduce")
@@ -327,7 +327,7 @@ def run(lib, ops, sizes, quick, barrier):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m accord.bench_worker")
+    ap = argparse.ArgumentParser(prog="python -m accord.cli.bench_worker")
     ap.add_argument("--lib", choices=sorted(LIBS), required=True)
     ap.add_argument("--ops", default=",".join(OPS), help=f"of {','.join(ALL_OPS)}")
     ap.add_argument("--sizes", required=True, help="bytes, comma-separated")

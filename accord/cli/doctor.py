@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from . import IMPORT_ROOT
+
 MiB = 1 << 20
 SHM = "/dev/shm"
 SHM_LOW = 256 * MiB          # less free space than this in /dev/shm is worth a warning
@@ -78,8 +80,8 @@ def check_host(r):
     except OSError as exc:
         r.line("WARN", f"hostname {name} does not resolve ({exc}); other hosts need "
                        "--master-addr / ACCORD_ADDR to reach this one")
-    from .options import Options
-    from .transport.factory import host_identity
+    from ..options import Options
+    from ..transport.factory import host_identity
     try:
         options = Options.from_env()
     except ValueError:          # a bad ACCORD_* setting: the environment section says which
@@ -249,7 +251,7 @@ def check_libraries(r, timeout):
                           "MPI.Get_library_version().strip().splitlines()[0])", timeout)
         if ok:
             version, _, lib = text.partition("|")
-            from accord.bench import find_mpiexec
+            from .bench import find_mpiexec
             mpiexec = find_mpiexec()
             lib = " ".join(lib.split())
             r.line("OK", f"mpi4py {version.strip()} importable ({lib}); mpiexec: "
@@ -346,7 +348,7 @@ def check_kernel(r):
                + ("" if status == "OK" else ": large jobs need a socket per peer; raise ulimit -n"))
     except (ImportError, OSError, ValueError):
         pass
-    from accord.bench import nt_threshold
+    from .bench import nt_threshold
     nt = nt_threshold()
     r.line("INFO", f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or 'unset'}"
                    + (f" (glibc x86_non_temporal_threshold {nt}: copies larger than this "
@@ -400,12 +402,12 @@ def _health_rank():
 
 def health_check(r, transport, timeout):
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH", ""))
+                                        if p)
     env["ACCORD_TRANSPORT"] = transport
     env["ACCORD_TIMEOUT"] = str(max(5, int(timeout) - 5))
-    cmd = [sys.executable, "-m", "accord", "run", "--no-prefix", "-n", "2", "-m", "accord.doctor",
-           "--health-rank"]
+    cmd = [sys.executable, "-m", "accord", "run", "--no-prefix", "-n", "2", "-m",
+           "accord.cli.doctor", "--health-rank"]
     what = f"2 ranks, ACCORD_TRANSPORT={transport}: broadcast + all_reduce (4 KB, 4 MiB)"
     t0 = time.monotonic()
     try:
@@ -459,7 +461,7 @@ def main(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m accord.doctor")
+    ap = argparse.ArgumentParser(prog="python -m accord.cli.doctor")
     ap.add_argument("--health-rank", action="store_true",
                     help="internal: one rank of the health check")
     a = ap.parse_args()

@@ -1,5 +1,10 @@
 """The `accord` command line: `accord run`, and whatever subcommands are registered below.
 
+The tools live in this package, above the library they drive: `accord run`
+(run.py, with _child.py in each rank and _output.py for their lines), `accord
+bench` (bench.py; bench_worker.py and bench_p2p.py in the ranks) and `accord
+doctor` (doctor.py). Nothing in the library imports them.
+
 Each subcommand lives in its own module, imported only when that subcommand
 runs (so `accord run` never pays for importing the benchmark code). A module
 provides two functions:
@@ -11,8 +16,13 @@ Adding a subcommand is one line in COMMANDS.
 """
 import argparse
 import importlib
+import os
 import sys
 from typing import NamedTuple
+
+# The directory accord is imported from (a source tree or site-packages): the ranks
+# that bench and doctor start are given it, so they import this same accord.
+IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Command(NamedTuple):
@@ -22,9 +32,9 @@ class Command(NamedTuple):
 
 
 COMMANDS = (
-    Command("run", "accord.launch", "start N ranks of a Python script or module, like torchrun"),
-    Command("bench", "accord.bench", "time accord's collectives, side by side with gloo and MPI"),
-    Command("doctor", "accord.doctor", "check this host: /dev/shm, network, ports, torch, MPI"),
+    Command("run", "accord.cli.run", "start N ranks of a Python script or module, like torchrun"),
+    Command("bench", "accord.cli.bench", "time accord's collectives, side by side with gloo and MPI"),
+    Command("doctor", "accord.cli.doctor", "check this host: /dev/shm, network, ports, torch, MPI"),
     Command("debug", "accord.debug", "`debug analyze DIR`: the first divergence in a job's "
                                      "flight recorders"),
 )

@@ -7,11 +7,11 @@ For every world size (-n 2,4 gives one table each) the ranks of every library ar
 started here: accord's and gloo's by `accord run` (gloo rendezvous with env:// on
 loopback, GLOO_SOCKET_IFNAME=lo), MPI's by the mpiexec next to this Python (mpi4py +
 MPICH), each library only where it is installed. Every rank runs
-accord.bench_worker, which times every op the same way: warm-up, then timed blocks
+accord.cli.bench_worker, which times every op the same way: warm-up, then timed blocks
 of ops each preceded by a barrier, the max over ranks of each block, the median
 block; busbw with nccl-tests' factors. A barrier row gives barrier latency. The
 point-to-point ops, between ranks 0 and 1, are the OSU benchmarks'
-(accord.bench_p2p): pingpong is osu_latency (half a blocking round trip), p2p_bw is
+(accord.cli.bench_p2p): pingpong is osu_latency (half a blocking round trip), p2p_bw is
 osu_bw (a window of isends matched by irecvs, then an ack; bytes one way per
 second).
 """
@@ -29,8 +29,9 @@ import tempfile
 import threading
 import time
 
-from accord.bench_p2p import P2P_OPS
-from accord.bench_worker import ALL_OPS, OPS, PREFIX, algbw_bytes, bus_factor
+from . import IMPORT_ROOT
+from .bench_p2p import P2P_OPS
+from .bench_worker import ALL_OPS, OPS, PREFIX, algbw_bytes, bus_factor
 
 DEFAULT_SIZES = "8,1K,64K,1M,16M,64M"
 QUICK_SIZES = "8,1K,64K"
@@ -191,9 +192,8 @@ class Settings:
             else:
                 self.env.pop("GLIBC_TUNABLES", None)
         # the ranks import the same accord as this process
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (root, self.env.get("PYTHONPATH", "")) if p)
+            p for p in (IMPORT_ROOT, self.env.get("PYTHONPATH", "")) if p)
         self.transport = self.env.get("ACCORD_TRANSPORT", "") or "auto"
         self.glibc = glibc_setting(self.env)
         self.csv, self.plot, self.markdown = args.csv, args.plot, args.markdown
@@ -229,7 +229,7 @@ def _source():
     """' at commit abc1234' (+ ', with uncommitted changes') when accord runs from a git tree."""
     if os.environ.get("ACCORD_BENCH_SOURCE"):          # e.g. a copy made with git archive
         return " " + os.environ["ACCORD_BENCH_SOURCE"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = IMPORT_ROOT
     if not os.path.exists(os.path.join(root, ".git")):
         return ""
     try:
@@ -298,11 +298,11 @@ class LibFailed(Exception):
 def _command(lib, world, settings):
     worker = settings.worker_args(lib)
     if lib == "mpi":
-        return [find_mpiexec(), "-n", str(world), sys.executable, "-m", "accord.bench_worker",
+        return [find_mpiexec(), "-n", str(world), sys.executable, "-m", "accord.cli.bench_worker",
                 *worker]
     # --no-prefix: the driver reads the workers' PREFIX lines from the start of each line
     return [sys.executable, "-m", "accord", "run", "--no-prefix", "-n", str(world), "-m",
-            "accord.bench_worker", *worker]
+            "accord.cli.bench_worker", *worker]
 
 
 def _env(lib, settings):
