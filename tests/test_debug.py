@@ -10,6 +10,7 @@ import pytest
 
 import accord as dist
 from accord import debug, debug_detail
+from accord.cli import debug as debug_cli
 from harness import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,7 +56,7 @@ def test_error_dumps_flight_recorder_and_analyze_finds_divergence(tmp_path, caps
     ops = d["groups"]["default"]["ops"]
     assert [o["op"] for o in ops[:3]] == ["all_reduce"] * 3
     assert ops[0]["where"].startswith("test_debug.py:")
-    text, found = debug.analyze(trace)
+    text, found = debug_cli.analyze(trace)
     assert found
     assert "first divergence at call #3" in text, text
     assert "broadcast #3" in text and "all_reduce #3" in text, text
@@ -81,7 +82,7 @@ def test_sigusr1_dumps(tmp_path, transport):
         assert d["reason"] == "SIGUSR1"
         assert [o["op"] for o in d["groups"]["default"]["ops"]] == ["all_reduce", "broadcast"]
         assert all(o["state"] == "done" for o in d["groups"]["default"]["ops"])
-    text, found = debug.analyze(trace)
+    text, found = debug_cli.analyze(trace)
     assert not found and "no divergence" in text
 
 
@@ -98,7 +99,7 @@ def test_analyze_reports_a_rank_that_never_entered(tmp_path):
     dump(0, [op(0), op(1), op(2, "running")])
     dump(1, [op(0), op(1), op(2, "running")])
     dump(2, [op(0), op(1)])
-    text, found = debug.analyze(str(tmp_path))
+    text, found = debug_cli.analyze(str(tmp_path))
     assert found
     assert "rank 2 never entered call #2" in text, text
     assert "never entered it; its last call was all_reduce #1" in text

@@ -2,8 +2,9 @@
 
 The tools live in this package, above the library they drive: `accord run`
 (run.py, with _child.py in each rank and _output.py for their lines), `accord
-bench` (bench.py; bench_worker.py and bench_p2p.py in the ranks) and `accord
-doctor` (doctor.py). Nothing in the library imports them.
+bench` (bench.py; bench_worker.py and bench_p2p.py in the ranks), `accord
+doctor` (doctor.py) and `accord debug` (debug.py). Nothing in the library imports
+them.
 
 Each subcommand lives in its own module, imported only when that subcommand
 runs (so `accord run` never pays for importing the benchmark code). A module
@@ -33,9 +34,10 @@ class Command(NamedTuple):
 
 COMMANDS = (
     Command("run", "accord.cli.run", "start N ranks of a Python script or module, like torchrun"),
-    Command("bench", "accord.cli.bench", "time accord's collectives, side by side with gloo and MPI"),
+    Command("bench", "accord.cli.bench",
+            "time accord's collectives, side by side with gloo and MPI"),
     Command("doctor", "accord.cli.doctor", "check this host: /dev/shm, network, ports, torch, MPI"),
-    Command("debug", "accord.debug", "`debug analyze DIR`: the first divergence in a job's "
+    Command("debug", "accord.cli.debug", "`debug analyze DIR`: the first divergence in a job's "
                                      "flight recorders"),
 )
 
