@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from . import debug, debug_detail, monitor
+from . import debug
+from .debug import detail
 from .algorithms import Comm
 from .errors import AccordError, CommTimeout, Desync, GroupClosed
 from .transport.p2p import Engine, Pending
@@ -51,7 +52,7 @@ class ProcessGroup:
         self.rank = self.ranks.index(global_rank) if global_rank in self.ranks else -1
         self.size = len(self.ranks)
         self.options = options
-        self.store = None                          # where positions are published (debug.py)
+        self.store = None                          # where positions are published (debug/)
         self.recorder = debug.Recorder()
         self._transport = None
         self.transport = transport
@@ -64,7 +65,7 @@ class ProcessGroup:
         self._closed = None
         self._scratch = None
         # the main thread is blocked until a call of this group completes (0 or 1): what
-        # the deadlock check (deadlock.py) needs to know the rank cannot move on by itself
+        # the deadlock check (debug/deadlock.py) needs to know the rank cannot move on by itself
         self.waiters = 0
         self.hier = None             # per-host subgroups of a group spanning hosts
         self.p2p = None              # the point-to-point engine (attach_p2p)
@@ -92,7 +93,7 @@ class ProcessGroup:
             t.history = self._history
             t.site_text = self._site_text
             t.reason_of = self._abort_reason
-            monitor.register(self)
+            debug.register(self)
 
     def attach_p2p(self, plane):
         """Give the group its point-to-point plane (a transport of its own)."""
@@ -213,7 +214,7 @@ class ProcessGroup:
             self._seq = seq + 1
             desc = f"{opname} #{stamp.seq}"
             if self.options is not None and self.options.debug == "DETAIL":
-                body = debug_detail.wrap(self, call, stamp, body)
+                body = detail.wrap(self, call, stamp, body)
             if not async_op and self._pending == 0:
                 self.waiters += main
                 try:

@@ -30,7 +30,7 @@ def run(g, opname, body, async_op, timeout, stamp_args, call=None):
     """Run body(comm) as the next call of group g; a Work with async_op, else its result.
 
     call: (api function, root, {argument: tensor}) when the api makes the call, which
-    ACCORD_DEBUG=DETAIL checks across ranks and logs (debug_detail.py)."""
+    ACCORD_DEBUG=DETAIL checks across ranks and logs (debug/detail.py)."""
     timeout = to_seconds(timeout, "timeout")
     if g.size == 1:
         # a group of one moves no bytes; run the local part on the caller's thread

@@ -34,7 +34,7 @@ class Work:
         g = self._group
         if g is not None and not self._future.done() and \
                 threading.current_thread() is threading.main_thread():
-            g.waiters += 1          # the main thread now waits on the group (deadlock.py)
+            g.waiters += 1          # the main thread now waits on the group (debug/deadlock.py)
             try:
                 concurrent.futures.wait([self._future], seconds)
             finally:

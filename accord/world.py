@@ -64,7 +64,7 @@ def connect(g, store, addr, timeout, p2p=True):
     p2p: also its point-to-point plane (groups made for a hierarchy's phases
     carry collectives only)."""
     import time
-    g.store = store         # monitor.py publishes this rank's position there
+    g.store = store         # debug/monitor.py publishes this rank's position there
     deadline = time.monotonic() + timeout
     # shared memory when every member shares this host, TCP otherwise (transport/factory.py)
     g.transport = build_transport(store, g.name, g.rank, g.size, g.describe_rank, g.options,

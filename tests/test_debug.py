@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import accord as dist
-from accord import debug, debug_detail
 from accord.cli import debug as debug_cli
+from accord.debug import detail as debug_detail
 from harness import run_ranks
 
 pytestmark = pytest.mark.timeout(120)

@@ -2,13 +2,14 @@
 
 Every rank of a job run with ACCORD_TRACE_DIR writes its recorder there
 (debug.dump: on a timeout, a communication error or SIGUSR1). This reads them
-all back (debug.load_dumps) and, group by group, walks the calls in sequence
+all back (debug/recorder.py's load_dumps) and, group by group, walks the calls in sequence
 order until the ranks called different things, one never entered a call, or a
 call did not complete.
 """
 import sys
 
-from ..debug import DONE, FAILED, ISSUED, RUNNING, load_dumps, ranks_text
+from ..debug.positions import ranks_text
+from ..debug.recorder import DONE, FAILED, ISSUED, RUNNING, load_dumps
 
 
 def add_arguments(parser):

@@ -4,7 +4,7 @@ Rank 0 calls all_reduce on group A while rank 1 calls it on group B (both
 hold ranks 0 and 1): each waits for a rank that can never come, since that
 rank's thread is itself blocked in the other group. No message ever crosses
 between the two calls, so stamps cannot see it; the positions every rank
-publishes (debug.py) can. From its own blocked call, a rank follows "waits
+publishes (positions.py) can. From its own blocked call, a rank follows "waits
 for a rank that has not entered this call and is blocked elsewhere" through
 the published positions; a path back to itself is a cycle, a certain
 deadlock. It is declared only when seen again after every member has had
@@ -18,11 +18,13 @@ thread may yet make the call its peers wait for.
 """
 import time
 
-from . import debug
-from .errors import Desync
+from . import positions
+from ..errors import Desync
+from .groups import threaded
+from .recorder import SEQ, T_START, describe_entry
 
-CONFIRM_S = 3 * debug.PERIOD     # a cycle must still hold this much later
-MIN_BLOCKED_S = 2 * debug.PERIOD  # calls blocked for less are still settling
+CONFIRM_S = 3 * positions.PERIOD     # a cycle must still hold this much later
+MIN_BLOCKED_S = 2 * positions.PERIOD  # calls blocked for less are still settling
 MAX_DEPTH = 8
 
 _first_seen = {}                 # cycle signature -> when it was first seen
@@ -34,9 +36,9 @@ def check(groups):
     seen = set()
     for g in groups:
         cur = g.recorder.current
-        if cur is None or cur[debug.SEQ] is None or g.waiters <= 0:
+        if cur is None or cur[SEQ] is None or g.waiters <= 0:
             continue
-        if now - (cur[debug.T_START] or now) < MIN_BLOCKED_S:
+        if now - (cur[T_START] or now) < MIN_BLOCKED_S:
             continue
         cycle = find_cycle(g, cur, groups)
         if cycle is None:
@@ -55,12 +57,12 @@ def find_cycle(g, cur, groups):
     """[node, ...] from this rank's blocked call back to it, or None.
 
     A node is a blocked call: {rank, group, ranks, seq, desc, waiting_on}."""
-    if debug.threaded():
+    if threaded():
         return None
     me = g.global_rank
     mine = {x.name: x for x in groups}
-    start = {"rank": me, "group": g.name, "ranks": g.ranks, "seq": cur[debug.SEQ],
-             "desc": debug.describe_entry(cur), "waiting_on": debug.waiting_on(g)}
+    start = {"rank": me, "group": g.name, "ranks": g.ranks, "seq": cur[SEQ],
+             "desc": describe_entry(cur), "waiting_on": positions.waiting_on(g)}
     cache = {}
 
     def position(rank, node):
@@ -73,7 +75,7 @@ def find_cycle(g, cur, groups):
             except ValueError:
                 cache[key] = None
             else:
-                cache[key] = debug.read_position(store, node["group"], r)
+                cache[key] = positions.read_position(store, node["group"], r)
         return cache[key]
 
     def walk(path, visited):

@@ -18,9 +18,10 @@ import zlib
 
 import numpy as np
 
-from .debug import log
-from .errors import Desync
-from .transport.wire import OP_CODES, OP_NAMES, Stamp
+from ..buffers import as_buf
+from ..errors import Desync
+from ..transport.wire import OP_CODES, OP_NAMES, Stamp
+from .recorder import log
 
 SIG_BYTES = 4096
 
@@ -49,7 +50,6 @@ _SAME_SHAPE = {"broadcast", "all_reduce", "reduce", "all_gather_into_tensor",
 
 def _arrays(value):
     """A tensor argument as numpy arrays ([] for None, one per element of a list)."""
-    from .buffers import as_buf
     if value is None:
         return []
     items = value if isinstance(value, (list, tuple)) else [value]

@@ -1,0 +1,204 @@
+"""Positions: where each rank stands in each of its groups, published to the store.
+
+A daemon thread per process (monitor.py) publishes, at most every PERIOD
+seconds and only when something changed, where each of its groups stands (last
+call entered and completed, whom it waits on) to the group's store. No call
+ever waits on the store for this. They are read back on error paths only:
+`stuck_report()` (when a call times out, the rank reads every member's position
+back and says who never entered the call and who waits in it), a peer's call
+site text (`published_site_text`), and the deadlock check across groups.
+"""
+import json
+import os
+import socket
+import time
+
+from . import callsite, groups
+from .recorder import SEQ, T_END, T_START, describe_entry
+
+PERIOD = 0.25            # seconds between position publications (when changed)
+
+
+def _key(group, rank):
+    return _pos_key(group.name, rank)
+
+
+def _pos_key(group_name, rank):
+    return f"{group_name}/debug/pos/{rank}"
+
+
+def position(group):
+    """What the rest of the group should know about where this rank stands."""
+    rec = group.recorder
+    cur, done = rec.current, rec.last_done
+    now = time.time()
+    pos = {"rank": group.global_rank, "pid": os.getpid(), "host": socket.gethostname(),
+           "time": now, "seq": group._seq,
+           "entered": None, "completed": None, "waiting_on": [], "elsewhere": []}
+    if cur is not None:
+        pos["entered"] = {"seq": cur[SEQ], "desc": describe_entry(cur),
+                          "since": cur[T_START]}
+        pos["waiting_on"] = waiting_on(group)
+    if done is not None:
+        pos["completed"] = {"seq": done[SEQ], "desc": describe_entry(done), "at": done[T_END]}
+    pos["calls"], pos["blocked"], pos["threads"] = {}, [], groups.threaded()
+    for other in groups.live_groups():
+        pos["calls"][other.name] = other._seq
+        c = other.recorder.current
+        if c is None:
+            continue
+        if other is not group:
+            pos["elsewhere"].append(f"{describe_entry(c)} in group {other.name!r}")
+        if other.waiters > 0 and c[SEQ] is not None:
+            # a thread of this process cannot go on until this call completes
+            pos["blocked"].append({"group": other.name, "ranks": other.ranks, "seq": c[SEQ],
+                                   "desc": describe_entry(c), "since": c[T_START],
+                                   "waiting_on": waiting_on(other)})
+    return pos
+
+
+def waiting_on(group):
+    """Global ranks the call running on group waits for (to receive from or send to)."""
+    active = getattr(group.transport, "active", None)
+    if not active or group.recorder.current is None:
+        return []
+    recvs, sends = active
+    return sorted({group.ranks[r.peer] for r in recvs if not r.done} |
+                  {group.ranks[s.peer] for s in sends if not s.done})
+
+
+def publish(group):
+    store = getattr(group, "store", None)
+    if store is None or not group.is_member:
+        return
+    pos = position(group)
+    pos["sites"] = {str(k): v for k, v in callsite.known()[:500]}
+    store.set(_key(group, group.rank), json.dumps(pos))
+
+
+def _read_positions(group):
+    out = {}
+    for r in range(group.size):
+        pos = _read_position(group, r)
+        if pos is not None:
+            out[r] = pos
+    return out
+
+
+def published_site_text(group, site):
+    """A peer's call site, from the tables peers publish (error paths only: store reads)."""
+    if getattr(group, "store", None) is None:
+        return None
+    for r in range(group.size):
+        if r == group.rank:
+            continue
+        key = callsite.site_key(group.ranks[r], site)
+        try:
+            if group.store.check([key]):
+                text = group.store.get(key)
+                text = text.decode() if isinstance(text, bytes) else str(text)
+                callsite.remember(site, text)
+                return text
+        except Exception:           # the store went away with the job: try the positions
+            break
+    deadline = time.monotonic() + 2 * PERIOD
+    key = str(site)
+    while True:
+        for r in range(group.size):
+            if r == group.rank:
+                continue
+            pos = _read_position(group, r)
+            if pos and key in pos.get("sites", {}):
+                callsite.remember(site, pos["sites"][key])
+                return pos["sites"][key]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(PERIOD / 4)
+
+
+def _read_position(group, r):
+    return read_position(group.store, group.name, r)
+
+
+def read_position(store, group_name, r):
+    """Group rank r's published position in group_name, or None."""
+    try:
+        key = _pos_key(group_name, r)
+        if store.check([key]):
+            return json.loads(store.get(key))
+    except Exception:
+        pass
+    return None
+
+
+def _ago(t, now):
+    return f"{max(0.0, now - t):.1f} s" if t else "?"
+
+
+def stuck_report(group, entry):
+    """The table a CommTimeout shows: each member's last call entered and completed."""
+    if getattr(group, "store", None) is None:
+        return ""
+    try:
+        publish(group)
+        # peers publish within PERIOD of a change: give a just-stalled one that long
+        started = entry[T_START] or time.time()
+        wait = PERIOD * 1.5 - (time.time() - started)
+        if wait > 0:
+            time.sleep(wait)
+        positions = _read_positions(group)
+    except Exception as e:
+        return f"\n(no stuck-rank report: the store could not be read: {e})"
+    now = time.time()
+    seq = entry[SEQ]
+    lines = [f"\nwhere each rank of group {group.name!r} stands (this rank timed out in "
+             f"{describe_entry(entry)}):"]
+    never, waiting, unknown = [], [], []
+    for r in range(group.size):
+        glob = group.ranks[r]
+        pos = positions.get(r)
+        if pos is None:
+            lines.append(f"  rank {glob}: no position published (hung before its first call?)")
+            unknown.append(glob)
+            continue
+        ent, comp = pos.get("entered"), pos.get("completed")
+        parts = []
+        if ent is not None:
+            w = ent.get("since")
+            parts.append(f"waiting in {ent['desc']} for {_ago(w, now)}"
+                         + (f" (on rank{'s' if len(pos['waiting_on']) > 1 else ''} "
+                            f"{', '.join(map(str, pos['waiting_on']))})"
+                            if pos.get("waiting_on") else ""))
+        else:
+            parts.append("not inside a call of this group"
+                         + (f" since {_ago(comp.get('at'), now)}" if comp else ""))
+        parts.append(f"last completed {comp['desc']}" if comp else "completed no call yet")
+        if pos.get("elsewhere"):
+            parts.append("busy in " + "; ".join(pos["elsewhere"]))
+        lines.append(f"  rank {glob}: " + "; ".join(parts))
+        entered_seq = ent["seq"] if ent is not None else None
+        done_seq = comp["seq"] if comp is not None else -1
+        if entered_seq == seq:
+            waiting.append(glob)
+        elif (entered_seq is None or entered_seq < seq) and done_seq < seq:
+            never.append(glob)
+    name = describe_entry(entry).split(",")[0].split(" at ")[0]
+    summary = []
+    if never:
+        summary.append(f"{ranks_text(never)} never entered {name}")
+    if waiting:
+        verb = "is" if len(waiting) == 1 else "are"
+        summary.append(f"{ranks_text(waiting)} {verb} waiting in it")
+    if summary:
+        lines.append("; ".join(summary) + ".")
+    return "\n".join(lines)
+
+
+def ranks_text(rs):
+    """'rank 3', 'ranks 0–3' or 'ranks 0, 2' for a list of ranks."""
+    rs = sorted(rs)
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    if rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 2:
+        return f"ranks {rs[0]}\u2013{rs[-1]}"
+    return "ranks " + ", ".join(map(str, rs))
