@@ -93,7 +93,7 @@ class Transport(Protocol):
 
     def interrupt(self, exc: BaseException) -> None:
         """End the blocked call with exc within one wait slice (another thread
-        proved it can never complete: deadlock.py)."""
+        proved it can never complete: debug/deadlock.py)."""
 
     def abort(self, exc: BaseException) -> None:
         """Tell every peer why this group is broken, then hang up. Idempotent."""
