@@ -629,19 +629,6 @@ def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
     return op.future.result()
 
 
-_P2P_RAISES = """
-    Raises:
-        ValueError, TypeError: before anything is posted: a peer outside the group
-            or this rank itself, a tag that is not an int of 64 bits, a read-only
-            receive buffer.
-        accord.Desync: (receives) the message is not the buffer's size; the sender
-            is released and the group stays usable.
-        accord.PeerLost: the peer died or left; receives from other peers go on.
-        accord.CommTimeout: nothing matched within timeout (default: the group's).
-        accord.GroupClosed: the group was destroyed or broken by an earlier error.
-"""
-
-
 def send(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
          tag: int = 0, group_dst: Optional[int] = None, timeout: Timeout = None) -> None:
     """Send tensor to rank dst (global; or group_dst within group); returns once its
@@ -652,6 +639,16 @@ def send(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup
     large one may wait until the peer's side takes it (MPI's standard mode). Messages
     match by (group, source, tag) and are never overtaken between one sender and one
     receiver with one tag. Unlike torch: timeout= per call.
+
+    Raises:
+        ValueError, TypeError: before anything is posted: a peer outside the group
+            or this rank itself, a tag that is not an int of 64 bits, a read-only
+            receive buffer.
+        accord.Desync: (receives) the message is not the buffer's size; the sender
+            is released and the group stays usable.
+        accord.PeerLost: the peer died or left; receives from other peers go on.
+        accord.CommTimeout: nothing matched within timeout (default: the group's).
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     _p2p_call(tensor, dst, group, tag, group_dst, timeout, True, False)
 
@@ -660,6 +657,16 @@ def recv(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGroup
          tag: int = 0, group_src: Optional[int] = None, timeout: Timeout = None) -> int:
     """Receive into tensor from rank src (None: the first message with tag from any
     rank); returns the sender's global rank. The message must be tensor's size.
+
+    Raises:
+        ValueError, TypeError: before anything is posted: a peer outside the group
+            or this rank itself, a tag that is not an int of 64 bits, a read-only
+            receive buffer.
+        accord.Desync: (receives) the message is not the buffer's size; the sender
+            is released and the group stays usable.
+        accord.PeerLost: the peer died or left; receives from other peers go on.
+        accord.CommTimeout: nothing matched within timeout (default: the group's).
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     return _p2p_call(tensor, src, group, tag, group_src, timeout, False, False)
 
@@ -672,6 +679,16 @@ def isend(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGrou
     any order relative to each other and to collectives: a posted receive never
     holds up a collective, nor a collective a send. They progress on their own
     (a thread per group), whether or not this rank is inside an accord call.
+
+    Raises:
+        ValueError, TypeError: before anything is posted: a peer outside the group
+            or this rank itself, a tag that is not an int of 64 bits, a read-only
+            receive buffer.
+        accord.Desync: (receives) the message is not the buffer's size; the sender
+            is released and the group stays usable.
+        accord.PeerLost: the peer died or left; receives from other peers go on.
+        accord.CommTimeout: nothing matched within timeout (default: the group's).
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     return _p2p_call(tensor, dst, group, tag, group_dst, timeout, True, True)
 
@@ -680,12 +697,19 @@ def irecv(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGrou
           tag: int = 0, group_src: Optional[int] = None, timeout: Timeout = None) -> Work:
     """Start receiving into tensor from src (None: any rank); returns a Work whose
     result() is the sender's global rank. Receives match in the order posted.
+
+    Raises:
+        ValueError, TypeError: before anything is posted: a peer outside the group
+            or this rank itself, a tag that is not an int of 64 bits, a read-only
+            receive buffer.
+        accord.Desync: (receives) the message is not the buffer's size; the sender
+            is released and the group stays usable.
+        accord.PeerLost: the peer died or left; receives from other peers go on.
+        accord.CommTimeout: nothing matched within timeout (default: the group's).
+        accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     return _p2p_call(tensor, src, group, tag, group_src, timeout, False, True)
 
-
-for _f in (send, recv, isend, irecv):
-    _f.__doc__ += _P2P_RAISES
 
 
 class P2POp:
