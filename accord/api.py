@@ -43,13 +43,13 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
         return not_member(g, "broadcast")
     root = root_rank(g, src, group_src, "src")
     buf = as_buf(tensor, "tensor", writable=g.rank != root)   # the root only reads
-    run, stamp = plans.broadcast_run(g, buf, root)
+    body, stamp = plans.broadcast_run(g, buf, root, finish=True)
     if hierarchy.phased(g, "broadcast", buf.nbytes):
         run = g.hier.broadcast(buf, root)
 
-    def body(c):
-        run(c)
-        buf.finish()
+        def body(c):
+            run(c)
+            buf.finish()
     return plans.run(g, "broadcast", body, async_op, timeout, stamp,
                      ("broadcast", root, {"tensor": tensor}))
 
@@ -59,7 +59,9 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout, call):
     forced = g.options.algorithms
 
     mine_block = blocks[g.rank]
-    in_place = mine.arr.size and mine.arr.ctypes.data == mine_block.ctypes.data
+    # (may_share_memory first: reading an array's address through .ctypes costs µs)
+    in_place = mine.arr.size and np.may_share_memory(mine.arr, mine_block) and \
+        mine.arr.ctypes.data == mine_block.ctypes.data
 
     def own():
         # an input that is this rank's block of the output (all_gather_into_tensor in
@@ -320,13 +322,13 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
         sparse.all_reduce_sparse(tensor, op, g, timeout, all_gather)
         return completed_work("all_reduce") if async_op else None
     check_op(op, buf)
-    run, stamp = plans.all_reduce_run(g, buf, op)
+    body, stamp = plans.all_reduce_run(g, buf, op, finish=True)
     if hierarchy.phased(g, "all_reduce", buf.nbytes):
         run = g.hier.all_reduce(buf, op)
 
-    def body(c):
-        run(c)
-        buf.finish()
+        def body(c):
+            run(c)
+            buf.finish()
     return plans.run(g, "all_reduce", body, async_op, timeout, stamp,
                      ("all_reduce", -1, {"tensor": tensor}))
 

@@ -13,26 +13,26 @@ BF16_CODE = 250      # numpy has no bfloat16: such tensors travel as int16 bits
 _TORCH_MODULES = ("torch",)
 
 
-_DTYPE_NAMES = {}     # dtype -> name: numpy computes dtype.name in Python on every access
+_DTYPE_NAMES = {}     # dtype -> (num, name): numpy computes dtype.name in Python on every access
+_SUPPORTED = {}       # dtype -> None if it may cross a buffer, else why not (TypeError text)
 
 
 class Buf:
     __slots__ = ("arr", "nbytes", "dtype_code", "dtype_name", "shape", "_writeback", "is_bf16")
 
     def __init__(self, arr, shape, writeback=None, is_bf16=False):
-        flat = arr.reshape(-1)
+        flat = arr if arr.ndim == 1 else arr.reshape(-1)
         self.arr = flat
         self.nbytes = flat.nbytes
         self.is_bf16 = is_bf16
         dt = flat.dtype
-        self.dtype_code = BF16_CODE if is_bf16 else dt.num
         if is_bf16:
-            self.dtype_name = "bfloat16"
+            self.dtype_code, self.dtype_name = BF16_CODE, "bfloat16"
         else:
-            name = _DTYPE_NAMES.get(dt)
-            if name is None:
-                name = _DTYPE_NAMES[dt] = dt.name
-            self.dtype_name = name
+            known = _DTYPE_NAMES.get(dt)
+            if known is None:
+                known = _DTYPE_NAMES[dt] = (dt.num, dt.name)
+            self.dtype_code, self.dtype_name = known
         self.shape = shape if type(shape) is tuple else tuple(shape)
         self._writeback = writeback
 
@@ -143,16 +143,28 @@ def _from_torch(t, name, writable):
     return Buf(arr, arr.shape, writeback, is_bf16)
 
 
+def _unsupported(dt):
+    """Why arrays of dtype dt cannot be sent (None: they can)."""
+    if dt.hasobject:
+        return "object arrays cannot be sent; use the *_object collectives"
+    if dt.kind not in "biufcmMV":
+        return f"dtype {dt} is not supported"
+    return None
+
+
 def as_buf(obj, name, writable=True):
     """Wrap a numpy array, CPU torch tensor or buffer-protocol object."""
     if isinstance(obj, np.ndarray):
-        if writable and not obj.flags.writeable:
+        flags = obj.flags
+        if writable and not flags.writeable:
             raise ValueError(f"{name}: array is read-only but the call writes into it")
-        if obj.dtype.hasobject:
-            raise TypeError(f"{name}: object arrays cannot be sent; use the *_object collectives")
-        if obj.dtype.kind not in "biufcmMV" :
-            raise TypeError(f"{name}: dtype {obj.dtype} is not supported")
-        if obj.flags.c_contiguous:
+        dt = obj.dtype
+        why = _SUPPORTED.get(dt, 0)
+        if why == 0:
+            why = _SUPPORTED[dt] = _unsupported(dt)
+        if why is not None:
+            raise TypeError(f"{name}: {why}")
+        if flags.c_contiguous:
             return Buf(obj, obj.shape)
         tmp = np.ascontiguousarray(obj)
         wb = (lambda src=tmp, dst=obj: np.copyto(dst, src)) if writable else None

@@ -28,6 +28,8 @@ from .transport.p2p import Engine, Pending
 from .transport.wire import OP_CODES, Stamp, decode_error, encode_error
 from .work import Work
 
+_NO_STAMP = (-1, 0, 0, -1, "", None)     # a call that carries no tensor
+
 # at destroy, how long to read peers' last messages before their goodbye: a call in
 # which ranks disagree but each only sends leaves a message nobody read
 GOODBYE_S = 0.5
@@ -195,30 +197,33 @@ class ProcessGroup:
                            f"earlier error: {type(cause).__name__}: {cause}")
 
     def submit(self, opname, body, async_op, timeout=None, stamp_args=None, call=None):
-        """Run body(comm) in issue order. stamp_args: root, dtype, redop, count.
-        call: the api call's name, root and tensors, for ACCORD_DEBUG=DETAIL."""
-        self.check_open()
-        timeout = self.timeout if timeout is None else timeout
+        """Run body(comm) in issue order. stamp_args: (root, dtype code, reduce op, byte
+        count, dtype name, shape). call: the api call's name, root and tensors, for
+        ACCORD_DEBUG=DETAIL.
+
+        Every call of an 8-byte collective pays for what is here, so it is written
+        flat: a handful of attribute reads, one lock, one Stamp, one recorder entry."""
+        if self._closed is not None:
+            raise self._closed_error()
+        if timeout is None:
+            timeout = self.timeout
         site, where = debug.call_site()
         # the deadlock check trusts "blocked" only for programs that issue from one thread
         main = debug.on_main_thread()
+        root, dtype, redop, count, dtype_name, shape = stamp_args or _NO_STAMP
         with self._issue_lock:
             seq = self._seq
-            a = stamp_args or (-1, 0, 0, -1, "", None)
-            if len(a) == 5:
-                a = a + (None,)
-            stamp = Stamp(OP_CODES[opname], seq, a[0], a[1], a[2], a[3], a[4], a[5], site,
-                          where)
-            entry = self.recorder.add(seq, opname, a[0] if a[0] < 0 else self.ranks[a[0]],
-                                      a[4], a[3], a[5], where)
             self._seq = seq + 1
-            desc = f"{opname} #{stamp.seq}"
+            stamp = Stamp(OP_CODES[opname], seq, root, dtype, redop, count, dtype_name, shape,
+                          site, where)
+            entry = self.recorder.add(seq, opname, root if root < 0 else self.ranks[root],
+                                      dtype_name, count, shape, where)
             if self.options is not None and self.options.debug == "DETAIL":
                 body = detail.wrap(self, call, stamp, body)
             if not async_op and self._pending == 0:
                 self.waiters += main
                 try:
-                    return self._execute(desc, body, stamp, timeout, entry)
+                    return self._execute(opname, body, stamp, timeout, entry)
                 finally:
                     self.waiters -= main
             self._pending += 1
@@ -228,9 +233,9 @@ class ProcessGroup:
                 self._worker = threading.Thread(target=self._work, name=f"accord-{self.name}",
                                                 daemon=True)
                 self._worker.start()
-            self._queue.put((desc, body, stamp, timeout, fut, entry))
+            self._queue.put((opname, body, stamp, timeout, fut, entry))
         if async_op:
-            return Work(fut, f"{desc} on group {self.name!r}", self)
+            return Work(fut, f"{opname} #{seq} on group {self.name!r}", self)
         self.waiters += main
         try:
             return fut.result()
@@ -242,22 +247,22 @@ class ProcessGroup:
             item = self._queue.get()
             if item is None:
                 return
-            desc, body, stamp, timeout, fut, entry = item
+            opname, body, stamp, timeout, fut, entry = item
             if fut.set_running_or_notify_cancel():
                 try:
-                    fut.set_result(self._execute(desc, body, stamp, timeout, entry))
+                    fut.set_result(self._execute(opname, body, stamp, timeout, entry))
                 except BaseException as e:      # delivered through the Work
                     fut.set_exception(e)
             with self._issue_lock:
                 self._pending -= 1
 
-    def _execute(self, desc, body, stamp, timeout, entry):
+    def _execute(self, opname, body, stamp, timeout, entry):
         rec = self.recorder
         if self._closed is not None:
             entry[debug.STATE] = debug.FAILED
             raise self._closed_error()
         t = self.transport
-        t.op_desc = f"{desc} (group {self.name!r})"
+        t.op_desc = f"{opname} #{stamp.seq} (group {self.name!r})"
         t.interrupted = None         # meant for an earlier call, if it finished after all
         entry[debug.T_START] = time.time()
         entry[debug.STATE] = debug.RUNNING

@@ -29,9 +29,13 @@ def stamp(buf, root=-1, op=0, count=-1):
 def run(g, opname, body, async_op, timeout, stamp_args, call=None):
     """Run body(comm) as the next call of group g; a Work with async_op, else its result.
 
+    stamp_args: (root, dtype code, reduce op, byte count, dtype name[, shape]), as stamp().
     call: (api function, root, {argument: tensor}) when the api makes the call, which
     ACCORD_DEBUG=DETAIL checks across ranks and logs (debug/detail.py)."""
-    timeout = to_seconds(timeout, "timeout")
+    if timeout is not None:
+        timeout = to_seconds(timeout, "timeout")
+    if len(stamp_args) == 5:
+        stamp_args += (None,)           # no shape to report
     if g.size == 1:
         # a group of one moves no bytes; run the local part on the caller's thread
         g.check_open()
@@ -40,14 +44,18 @@ def run(g, opname, body, async_op, timeout, stamp_args, call=None):
     return g.submit(opname, body, async_op, timeout, stamp_args, call)
 
 
-def broadcast_run(g, buf, root):
-    """(body moving buf from root over g's own links, stamp arguments)."""
+def broadcast_run(g, buf, root, finish=False):
+    """(body moving buf from root over g's own links, stamp arguments); finish: the
+    body also writes the result back into a non-contiguous original (buf.finish)."""
     forced = g.options.algorithms
+    nbytes = buf.nbytes
 
     def body(c):
         if c is not None:
-            choose("broadcast", buf.nbytes, c, forced)(c, buf.arr, root)
-    return body, stamp(buf, root, count=buf.nbytes)
+            choose("broadcast", nbytes, c, forced)(c, buf.arr, root)
+        if finish:
+            buf.finish()
+    return body, (root, buf.dtype_code, 0, nbytes, buf.dtype_name, buf.shape)
 
 
 def reduce_run(g, buf, root, op, in_place=False):
@@ -62,16 +70,20 @@ def reduce_run(g, buf, root, op, in_place=False):
     return body, stamp(buf, root, op, buf.nbytes)
 
 
-def all_reduce_run(g, buf, op):
-    """(body all-reducing buf over g's own links, stamp arguments)."""
+def all_reduce_run(g, buf, op, finish=False):
+    """(body all-reducing buf over g's own links, stamp arguments); finish: as in
+    broadcast_run."""
     forced = g.options.algorithms
 
     def body(c):
         if c is not None:
             # the ring works piece by piece; recursive doubling (small messages) whole
+            arr = buf.arr
             e = entry("all_reduce", buf.nbytes, c, forced)
-            tmp = g.scratch(buf.arr.dtype, e.scratch(buf.numel, c.size, buf.itemsize))
-            e.fn(c, buf.arr, op, buf.is_bf16, tmp)
+            tmp = g.scratch(arr.dtype, e.scratch(arr.size, c.size, arr.itemsize))
+            e.fn(c, arr, op, buf.is_bf16, tmp)
+        if finish:
+            buf.finish()
     return body, stamp(buf, -1, op, buf.nbytes)
 
 
@@ -80,4 +92,4 @@ def barrier_run(g):
     def body(c):
         if c is not None:
             rooted.barrier(c, _EMPTY)
-    return body, (-1, NO_DTYPE, 0, 0, "")
+    return body, (-1, NO_DTYPE, 0, 0, "", None)

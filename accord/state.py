@@ -305,7 +305,8 @@ def broadcast_bucket(g, root, bucket, async_op, timeout):
         for dst, tmp in staged:
             np.copyto(dst, tmp)
     # stamped as one broadcast of `total` bytes: every rank's layout is the same
-    return plans.run(g, "broadcast", body, async_op, timeout, (root, bucket.code, 0, total, name))
+    return plans.run(g, "broadcast", body, async_op, timeout,
+                     (root, bucket.code, 0, total, name, None))
 
 
 def _stage(view, is_root):

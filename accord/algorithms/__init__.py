@@ -8,7 +8,8 @@ import numpy as np
 
 def as_bytes(x):
     if isinstance(x, np.ndarray):
-        return memoryview(x.reshape(-1).view(np.uint8))
+        # the buffers algorithms pass are 1-d views of a Buf's flat array
+        return memoryview((x if x.ndim == 1 else x.reshape(-1)).view(np.uint8))
     return x
 
 
@@ -41,15 +42,17 @@ class Comm:
         messages move (a transport that cannot overlap them runs it first).
         ring: stream through the shared ring even where single copy would apply.
         """
-        sends = [(p, as_bytes(b)) for p, b in sends]
-        recvs = [(p, as_bytes(b)) for p, b in recvs]
+        if sends:
+            sends = [(p, as_bytes(b)) for p, b in sends]
+        if recvs:
+            recvs = [(p, as_bytes(b)) for p, b in recvs]
         self._t.exchange(sends, recvs, self._stamp, self._deadline, meanwhile, ring)
 
     def send(self, peer, buf):
-        self.exchange(sends=[(peer, buf)])
+        self._t.exchange(((peer, as_bytes(buf)),), (), self._stamp, self._deadline)
 
     def recv(self, peer, buf):
-        self.exchange(recvs=[(peer, buf)])
+        self._t.exchange((), ((peer, as_bytes(buf)),), self._stamp, self._deadline)
 
 
 def split(arr, counts):

@@ -18,7 +18,9 @@ def tree(c, arr, root):
         if vr + mask < n:
             sends.append(((vr + mask + root) % n, arr))
         mask >>= 1
-    if sends:
+    if len(sends) == 1:
+        c.send(sends[0][0], arr)
+    elif sends:
         c.exchange(sends=sends)
 
 

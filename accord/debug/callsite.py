@@ -12,8 +12,11 @@ import zlib
 
 from . import groups
 
-# the accord package (this file is accord/debug/callsite.py): its frames are not the user's
+# the accord package (this file is accord/debug/callsite.py): its frames are not the user's,
+# but for its command-line tools (accord/cli/: the benchmark workers), which are programs
+# calling the library like any other
 _ACCORD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_CLI_DIR = _ACCORD_DIR + "cli" + os.sep
 _SKIP = (_ACCORD_DIR, os.sep + "torch" + os.sep)
 SITE_MASK = (1 << 23) - 1
 
@@ -37,7 +40,8 @@ def call_site(depth=2):
         s = skip.get(code)
         if s is None:
             name = code.co_filename
-            s = skip[code] = name.startswith(_SKIP[0]) or _SKIP[1] in name
+            s = skip[code] = name.startswith(_SKIP[0]) and not name.startswith(_CLI_DIR) \
+                or _SKIP[1] in name
         if not s:
             break
         f = f.f_back

@@ -5,6 +5,7 @@ and forgotten when destroyed (a WeakSet also forgets one that is dropped). Call
 sites are announced to these groups' stores, positions tell of all of them,
 and a flight-recorder dump covers them all.
 """
+import os
 import threading
 import weakref
 
@@ -33,6 +34,16 @@ def live_groups():
 # -- which threads issue collectives ------------------------------------------------
 
 other_issuers = False     # a thread other than the main one has issued a collective
+_MAIN_IDENT = threading.main_thread().ident
+
+
+def _after_fork():
+    # a child forked from another thread has that thread as its main one
+    global _MAIN_IDENT
+    _MAIN_IDENT = threading.main_thread().ident
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def on_main_thread():
@@ -43,7 +54,7 @@ def on_main_thread():
     part in deadlock cycles (deadlock.py), and fall back to the timeout's
     stuck-rank table."""
     global other_issuers
-    if threading.current_thread() is threading.main_thread():
+    if threading.get_ident() == _MAIN_IDENT:
         return True
     other_issuers = True
     return False

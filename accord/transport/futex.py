@@ -4,13 +4,14 @@ Only the shared (not the private) futex operations: the words live in a
 mapping several processes share. `add_and_wake` is FUTEX_WAKE_OP, which adds
 1 to a word atomically (in the kernel, under the futex lock) and wakes its
 waiter, so a sleeper that passed FUTEX_WAIT the value it last read can never
-miss a wake-up. `fence` is the cheapest full memory barrier Python reaches:
-a foreign call releases and retakes the GIL, a locked instruction on x86.
+miss a wake-up. `fence` is the cheapest full memory barrier Python reaches
+(see fence_ops).
 """
 import ctypes
 import ctypes.util
 import errno
 import platform
+import threading
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98,
               "ppc64le": 221, "s390x": 238, "riscv64": 98}.get(platform.machine().lower())
@@ -62,6 +63,33 @@ def add_and_wake(addr, n=1):
     _syscall(_SYS_FUTEX, addr, FUTEX_WAKE_OP, n, None, addr, _OP_ADD_ONE)
 
 
+def _labs_fence():
+    _labs(0)
+
+
+def fence_ops():
+    """(enter, leave): calling both, in that order, is a full memory barrier (store-load
+    ordering included), the cheapest Python reaches.
+
+    On x86 a lock's acquire and release are locked instructions (CPython's locks are
+    semaphores, taken and given with lock cmpxchg / lock xadd), and any locked
+    instruction orders every earlier store before every later load: about 0.1 µs,
+    where a foreign call (releasing and retaking the GIL) costs 0.5 µs. Elsewhere
+    the foreign call, whose GIL hand-over is a full barrier there too."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        lock = threading.Lock()
+        return lock.acquire, lock.release
+    return _labs_fence, _nothing
+
+
+def _nothing():
+    pass
+
+
+_enter, _leave = fence_ops()
+
+
 def fence():
     """A full memory barrier (store-load ordering included)."""
-    _labs(0)
+    _enter()
+    _leave()

@@ -64,6 +64,8 @@ from .reports import Reports
 from .wire import (COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
                    encode_error, header_problem, header_seq)
 
+_fence_enter, _fence_leave = futex.fence_ops()     # a full memory barrier, inlined
+
 SHM_DIR = "/dev/shm"
 _MAGIC = 0x3130726f63636161          # b"aaccor01"
 _PAGE = 4096
@@ -177,14 +179,16 @@ class _Link(StashMatching):
 
     def poke_data(self):
         """New data is in our outgoing ring: wake the peer if it sleeps waiting for it."""
-        futex.fence()
+        _fence_enter()
+        _fence_leave()
         w = self.t.q[self.o_want_data_i]
         if w and self.o_head >= w:
             futex.add_and_wake(self.peer_doorbell, self.wake_n)
 
     def poke_space(self):
         """Room (or an ack) in the peer's ring to us: wake it if it sleeps waiting for that."""
-        futex.fence()
+        _fence_enter()
+        _fence_leave()
         q = self.t.q
         w, a = q[self.i_want_space_i], q[self.i_want_ack_i]
         if w and self.i_tail >= w or a and q[self.i_acked_i] >= a:
@@ -241,19 +245,52 @@ class _Link(StashMatching):
         return moved
 
     def write_inline(self, header, buf, n):
-        """A small message that fits in one contiguous piece: write, publish, wake."""
+        """A small message that fits in one contiguous piece: write, publish, wake.
+
+        header: its bytes, or a Stamp (packed straight into the ring)."""
         head = self.o_head
         pos = head % self.cap
         end = pos + HEADER_SIZE + n
         if end > self.cap or head + HEADER_SIZE + n - self.t.q[self.o_tail_i] > self.cap:
             return False
         ring = self.o_ring
-        ring[pos:pos + HEADER_SIZE] = header
+        if header.__class__ is bytes:
+            ring[pos:pos + HEADER_SIZE] = header
+        else:
+            header.pack_into(ring, pos, n)
         if n:
             ring[pos + HEADER_SIZE:end] = buf
         self.o_head = head = head + HEADER_SIZE + n
         self.t.q[self.o_head_i] = head
         self.poke_data()
+        return True
+
+    def take_inline(self, stamp, dest):
+        """The awaited collective message, if it is the next one in the ring and all
+        there in one piece: copy it out and free its room; False otherwise (nothing
+        is consumed, and the general path sorts out whatever is there).
+
+        The small-message lane: no receive record, no routing. Only a message that
+        matches `stamp` and dest's size is taken, so a Desync, a peer's last words or
+        a message that wraps around the ring are the general path's to report."""
+        if self.posted or self.incoming is not None or self.stash:
+            return False
+        q, n = self.t.q, len(dest)
+        tail = self.i_tail
+        if q[self.i_head_i] - tail < HEADER_SIZE + n:
+            return False
+        pos = tail % self.cap
+        start = pos + HEADER_SIZE
+        if start + n > self.cap:
+            return False
+        h = HEADER.unpack_from(self.i_ring, pos)
+        if h[0] != COLL or h[7] != n or not stamp.matches(h):
+            return False
+        if n:
+            dest[:] = self.i_ring[start:start + n]
+        self.i_tail = tail = tail + HEADER_SIZE + n
+        q[self.i_tail_i] = tail
+        self.poke_space()
         return True
 
     def check_acks(self):
@@ -519,8 +556,24 @@ class ShmTransport(Reports):
         ring: send through the ring even where single-copy would apply.
         """
         self._check_usable()
-        posted = []
         links = self.links
+        if meanwhile is not None and all(len(b) <= _INLINE and len(b) < self.cma_min
+                                         for _, b in sends):
+            # small sends are copied into the ring, not read by the peers from this
+            # process: nothing would overlap the local work
+            meanwhile()
+            meanwhile = None
+        if meanwhile is None and len(sends) <= 1 and len(recvs) <= 1:
+            # the small-message lane: a step with one message each way at most goes
+            # without records when it fits its ring in one piece; what it cannot do
+            # (nothing consumed) the general path below does, errors included
+            if sends and self._send_inline(sends[0][0], sends[0][1], stamp):
+                sends = ()
+            if recvs and self._recv_inline(recvs[0][0], recvs[0][1], stamp):
+                recvs = ()
+            if not sends and not recvs:
+                return
+        posted = []
         for peer, buf in recvs:
             r = Recv(peer, buf, stamp=stamp)
             link = links[peer]
@@ -532,6 +585,29 @@ class ShmTransport(Reports):
             self._step(posted, outgoing, ())
             meanwhile()
         self._progress(posted, outgoing, deadline, stamp=stamp)
+
+    def _send_inline(self, peer, buf, stamp):
+        """Write a small send into its ring at once; False if it must queue (it is
+        large, other sends wait before it, or the ring has no room in one piece)."""
+        n = len(buf)
+        link = self.links[peer]
+        return n <= _INLINE and n < self.cma_min and not link.sends and \
+            link.write_inline(stamp, buf, n)
+
+    def _recv_inline(self, peer, dest, stamp):
+        """Take a small awaited message straight off its ring, spinning for it briefly
+        where every rank has a core; False leaves the ring as it was."""
+        link = self.links[peer]
+        if link.take_inline(stamp, dest):
+            return True
+        n = len(dest)
+        if not self._spin_s or n > _INLINE:
+            return False
+        q, i, want = self.q, link.i_head_i, link.i_tail + HEADER_SIZE + n
+        end = time.perf_counter() + self._spin_s
+        while q[i] < want and time.perf_counter() < end:
+            pass
+        return link.take_inline(stamp, dest)
 
     # -- progress ------------------------------------------------------------------
     def _step(self, recvs, sends, drain):

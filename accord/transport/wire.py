@@ -68,6 +68,11 @@ class Stamp:
         return HEADER.pack(kind, self.op, self.dtype, self.redop, self.root, self._seqf,
                            self.count, length)
 
+    def pack_into(self, buf, offset, length, kind=COLL):
+        """header(length, kind), written into buf at offset."""
+        HEADER.pack_into(buf, offset, kind, self.op, self.dtype, self.redop, self.root,
+                         self._seqf, self.count, length)
+
     def matches(self, h):
         return (h[1] == self.op and (h[5] ^ self._seqf) & SEQ_MASK == 0 and h[4] == self.root
                 and h[2] == self.dtype and h[3] == self.redop and h[6] == self.count)
