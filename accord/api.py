@@ -582,11 +582,11 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
 
 # -- point to point ---------------------------------------------------------------
 
-def _p2p(g, peer_global, peer_local, arg, tag):
+def _p2p(g, peer_global, peer_local, arg):
     peer = root_rank(g, peer_global, peer_local, arg)
     if peer == g.rank:
         raise ValueError(f"{arg}={g.ranks[peer]} is this rank itself")
-    return peer, _tag(tag)
+    return peer
 
 
 _TAG_MAX = (1 << 63) - 1
@@ -602,9 +602,19 @@ def _tag(tag):
 
 def _p2p_pending(g, is_send, tensor, peer_global, peer_local, tag, timeout, opname):
     """Check one point-to-point call and build its operation; nothing is posted yet."""
+    peer, tag, view, finish, timeout = _p2p_args(g, is_send, tensor, peer_global, peer_local,
+                                                 tag, timeout)
+    return g.p2p_op(opname, is_send, peer, view, tag, timeout, finish)
+
+
+def _p2p_args(g, is_send, tensor, peer_global, peer_local, tag, timeout):
+    """One point-to-point call's arguments, checked: (group rank of the peer or None
+    for any source, tag, the bytes, what finishes a receive, timeout in seconds)."""
     arg = "dst" if is_send else "src"
-    tag = _tag(tag)
-    timeout = to_seconds(timeout, "timeout")
+    if tag.__class__ is not int or not -_TAG_MAX - 1 <= tag <= _TAG_MAX:
+        tag = _tag(tag)
+    if timeout is not None:
+        timeout = to_seconds(timeout, "timeout")
     if peer_global is None and peer_local is None:
         if is_send:
             raise ValueError("dst: required")
@@ -612,10 +622,9 @@ def _p2p_pending(g, is_send, tensor, peer_global, peer_local, tag, timeout, opna
             raise ValueError("recv with no src: this group has no other rank to receive from")
         peer = None
     else:
-        peer, tag = _p2p(g, peer_global, peer_local, arg, tag)
+        peer = _p2p(g, peer_global, peer_local, arg)
     buf = as_buf(tensor, "tensor", writable=not is_send)
-    return g.p2p_op(opname, is_send, peer, buf.mv, tag, timeout,
-                    None if is_send else buf.finish)
+    return peer, tag, buf.mv, None if is_send else buf.finish, timeout
 
 
 def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
@@ -623,12 +632,13 @@ def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
     opname = ("isend" if async_op else "send") if is_send else ("irecv" if async_op else "recv")
     if not g.is_member:
         return not_member(g, opname)
+    if not async_op:
+        peer, tag, view, finish, timeout = _p2p_args(g, is_send, tensor, peer, group_peer, tag,
+                                                     timeout)
+        return g.p2p_blocking(opname, is_send, peer, view, tag, timeout, finish)
     op = _p2p_pending(g, is_send, tensor, peer, group_peer, tag, timeout, opname)
     g.post_p2p([op])
-    if async_op:
-        return Work(op.future, op.desc, waiter=g.p2p.wait)
-    g.p2p.wait(op.future)
-    return op.future.result()
+    return Work(op.future, op.desc, waiter=g.p2p.wait)
 
 
 def send(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,

@@ -104,19 +104,17 @@ class ProcessGroup:
         plane.reason_of = self._abort_reason
         self.p2p = Engine(plane, self.name, self.ranks, f"rank {self.global_rank}")
 
-    def p2p_op(self, opname, is_send, peer, view, tag, timeout=None, finish=None):
-        """A point-to-point operation ready for post_p2p (peer: group rank or None)."""
+    def p2p_op(self, opname, is_send, peer, view, tag, timeout=None, finish=None, entry=None):
+        """A point-to-point operation ready for post_p2p (peer: group rank or None).
+        entry: its flight-recorder entry, if p2p_entry() made it already."""
         timeout = self.timeout if timeout is None else timeout
         if peer is None:
             desc = f"{opname} from any rank"
         else:
             desc = f"{opname} {'to' if is_send else 'from'} {self.describe_rank(peer)}"
         desc += f" (tag {tag}, {len(view)} bytes, group {self.name!r})"
-        _, where = debug.call_site()
-        entry = self.recorder.add(None, opname, -1 if peer is None else self.ranks[peer], "",
-                                  len(view), None, where)
-        entry[debug.T_START] = time.time()
-        entry[debug.STATE] = debug.RUNNING
+        if entry is None:
+            entry = self.p2p_entry(opname, peer, len(view))
 
         def on_done(exc):
             entry[debug.T_END] = time.time()
@@ -126,6 +124,54 @@ class ProcessGroup:
                 entry[debug.STATE] = debug.FAILED
                 entry[debug.ERROR] = f"{type(exc).__name__}: {exc}"
         return Pending(is_send, peer, view, tag, timeout, desc, finish, on_done)
+
+    def p2p_entry(self, opname, peer, nbytes):
+        """The flight recorder's entry of a point-to-point call, running from now."""
+        _, where = debug.call_site()
+        entry = self.recorder.add(None, opname, -1 if peer is None else self.ranks[peer], "",
+                                  nbytes, None, where)
+        entry[debug.T_START] = time.time()
+        entry[debug.STATE] = debug.RUNNING
+        return entry
+
+    def p2p_blocking(self, opname, is_send, peer, view, tag, timeout=None, finish=None):
+        """A blocking send or receive (peer: group rank, or None for any source); the
+        sender's global rank for a receive, None for a send.
+
+        Where this group has nothing else posted, it runs on the caller's thread
+        (the engine's try_now); otherwise, or once it has to wait longer than a short
+        spin, it is the engine's like any posted operation."""
+        self.check_open()
+        eng = self.p2p
+        if eng is None or peer is None:
+            op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish)
+            self.post_p2p([op])
+            self.p2p.wait(op.future)
+            return op.future.result()
+        entry = self.p2p_entry(opname, peer, len(view))
+        try:
+            rec, op = eng.try_now(is_send, peer, view, tag, eng.spin_s, lambda rec: self.p2p_op(
+                opname, is_send, peer, view, tag, timeout, finish, entry))
+        except AccordError as e:
+            entry[debug.STATE] = debug.FAILED
+            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
+            self.check_open()        # a broken group says why
+            raise
+        if rec is not None:
+            entry[debug.T_END] = time.time()
+            if not is_send and rec.error is not None:
+                entry[debug.STATE] = debug.FAILED
+                entry[debug.ERROR] = f"{type(rec.error).__name__}: {rec.error}"
+                raise rec.error
+            entry[debug.STATE] = debug.DONE
+            if finish is not None:
+                finish()
+            return None if is_send else self.ranks[peer]
+        if op is None:
+            op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish, entry)
+            self.post_p2p([op])
+        eng.wait(op.future)
+        return op.future.result()
 
     def post_p2p(self, ops):
         """Start point-to-point operations (in order); each one's future tells its end."""

@@ -5,11 +5,12 @@ send/recv/exchange of byte buffers, every message stamped with the call.
 """
 import numpy as np
 
+from ..buffers import byte_view
+
 
 def as_bytes(x):
     if isinstance(x, np.ndarray):
-        # the buffers algorithms pass are 1-d views of a Buf's flat array
-        return memoryview((x if x.ndim == 1 else x.reshape(-1)).view(np.uint8))
+        return byte_view(x)
     return x
 
 

@@ -116,6 +116,11 @@ class TaggedPlane(Protocol):
         """Queue (or write at once) a tagged message; the record's `done` turns
         true once the bytes are out of view (delivered, or where the peer finds them)."""
 
+    def take_now(self, peer: int, view: memoryview, tag: int) -> bool:
+        """A receive from peer with tag into view, done at once if its message is
+        the next one on the link and already all there (nothing posted or stashed
+        before it); False changes nothing (a medium may always say False)."""
+
     def withdraw_send(self, record) -> bool:
         """Take back a send none of whose bytes left; False if it is under way."""
 

@@ -46,6 +46,10 @@ _POLL_S = 0.002          # a waiter that cannot take the engine's lock looks aga
 _PARK_S = 0.005          # the engine's nap while callers progress in its place
 
 
+_TAKEN = Recv(-1, b"")       # the record of every receive taken at once: done, no error
+_TAKEN.done = True
+
+
 class Pending:
     """One posted send or receive, from post() to its future's result."""
     __slots__ = ("is_send", "peer", "view", "tag", "deadline", "timeout", "future", "rec",
@@ -113,6 +117,58 @@ class Engine:
             thread.start()
         elif any(self._needs_wake(op, started) for op in ops):
             self._kick()
+
+    def try_now(self, is_send, peer, view, tag, spin_s, make_op):
+        """A blocking send or receive with peer given, done on the caller's thread if
+        the plane is idle: no thread hand-off, no future, for the common case of a
+        small message in a ping-pong or a halo exchange.
+
+        Where nothing else is posted on this group, the operation starts at once and
+        the caller moves its link for up to spin_s. Returns (record, None) when it is
+        done there (a receive's record may carry its error: a size mismatch), or
+        (None, op) when it must wait: then make_op(record) built the Pending, which
+        the engine has adopted, started as it is, before anyone else could touch the
+        link (the caller waits on op.future). (None, None): the plane is busy or
+        closed; nothing was started, post the operation. Raises the link's failure
+        (PeerLost ...), which the engine then knows as well."""
+        if not self._busy.acquire(blocking=False):
+            return None, None
+        try:
+            if self._ops or self._inbox or self._closed is not None or peer in self._gone:
+                return None, None
+            t = self.t
+            link = t.links[peer]
+            if is_send:
+                rec = t.tagged_send(peer, view, tag)
+            elif t.take_now(peer, view, tag):
+                return _TAKEN, None
+            else:
+                rec = Recv(peer, view, tag=tag)
+                if not (link.stash and link.take_stashed(rec)):
+                    link.posted.append(rec)
+            if not rec.done:
+                end = time.perf_counter() + spin_s
+                while True:
+                    try:
+                        moved = t.step_link(link)
+                    except AccordError as e:
+                        # the link failed after our message was through (a peer that
+                        # exits once it has read it): that is the link's end, not ours
+                        self._lose(peer, e)
+                        if rec.done:
+                            break
+                        raise
+                    if rec.done or not moved and time.perf_counter() >= end:
+                        break
+            if rec.done:
+                return rec, None
+            op = make_op(rec)
+            op.rec = rec
+            self._ops.append(op)
+        finally:
+            self._busy.release()
+        self._kick()
+        return None, op
 
     def _kick(self):
         """Make the engine thread (or the caller progressing in its place) look now."""

@@ -354,6 +354,10 @@ class TcpTransport(Reports):
         self.links[peer].sends.append(s)
         return s
 
+    def take_now(self, peer, view, tag):
+        """Over a socket nothing is read but by step_link: False."""
+        return False
+
     def withdraw_send(self, s):
         """Take back a send no byte of which left yet; False if it is under way."""
         link = self.links[s.peer]
