@@ -308,7 +308,7 @@ class ProcessGroup:
             entry[debug.STATE] = debug.FAILED
             raise self._closed_error()
         t = self.transport
-        t.op_desc = f"{opname} #{stamp.seq} (group {self.name!r})"
+        t.current = (opname, stamp.seq, self.name)
         t.interrupted = None         # meant for an earlier call, if it finished after all
         entry[debug.T_START] = time.time()
         entry[debug.STATE] = debug.RUNNING
@@ -338,7 +338,7 @@ class ProcessGroup:
             return result
         finally:
             rec.current = None
-            t.op_desc = ""
+            t.current = None
 
     def _explain(self, e, entry):
         """A local timeout grows the stuck-rank table (reported ones already carry it)."""

@@ -405,20 +405,23 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
 
     from accord.algorithms import all_gather, broadcast, reduction, single_copy
     from accord.algorithms.table import choose
-    tcp4 = SimpleNamespace(rank=0, size=4, peer_memory=None)
+    tcp4 = SimpleNamespace(rank=0, size=4, peer_memory=None, choices={})
     assert choose("broadcast", 256 << 10, tcp4, {}) is broadcast.chain
     assert choose("broadcast", 8, tcp4, {}) is broadcast.tree
     assert choose("all_reduce", 64 << 10, tcp4, {}) is reduction.ring_allreduce
     assert choose("all_reduce", 8, tcp4, {}) is reduction.recursive_doubling
     assert choose("all_gather", 64 << 10, tcp4, {}) is all_gather.ring
-    assert choose("all_gather", 64 << 10, SimpleNamespace(rank=0, size=2, peer_memory=None),
-                  {}) is all_gather.direct
+    assert choose("all_gather", 64 << 10, SimpleNamespace(rank=0, size=2, peer_memory=None,
+                                                          choices={}), {}) is all_gather.direct
     assert choose("all_reduce", 8, tcp4, {"all_reduce": "ring"}) is reduction.ring_allreduce
     with pytest.raises(ValueError, match="all_reduce"):
         choose("all_reduce", 8, tcp4, {"all_reduce": "nope"})
+    # a choice is kept for the links it was made for, asked again or not
+    assert tcp4.choices[("broadcast", 8)].fn is broadcast.tree
+    assert choose("broadcast", 8, tcp4, {}) is broadcast.tree
     # single copy where the peers' memory allows it; forcing it elsewhere changes nothing
     pm = SimpleNamespace(min_bytes=1 << 20, everywhere=True, usable=lambda p: True)
-    shm4 = SimpleNamespace(rank=0, size=4, peer_memory=pm)
+    shm4 = SimpleNamespace(rank=0, size=4, peer_memory=pm, choices={})
     assert choose("broadcast", 16 << 20, shm4, {}) is single_copy.broadcast
     assert choose("broadcast", 16 << 20, tcp4, {"broadcast": "single_copy"}) is broadcast.chain
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list

@@ -15,13 +15,15 @@ def as_bytes(x):
 
 
 class Comm:
-    """rank, size, peer_memory (transport/base.py's PeerMemory, or None), and the
-    moves: exchange, send, recv."""
-    __slots__ = ("rank", "size", "peer_memory", "_t", "_stamp", "_deadline")
+    """rank, size, peer_memory (transport/base.py's PeerMemory, or None), choices
+    (the algorithm table's memo for these links), and the moves: exchange, send,
+    recv."""
+    __slots__ = ("rank", "size", "peer_memory", "choices", "_t", "_stamp", "_deadline")
 
     def __init__(self, transport, stamp, deadline):
         self.rank, self.size = transport.rank, transport.size
         self.peer_memory = transport.peer_memory
+        self.choices = transport.choices
         self._t, self._stamp, self._deadline = transport, stamp, deadline
 
     @property

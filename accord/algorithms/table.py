@@ -1,9 +1,10 @@
 """Which algorithm runs a collective: the one place where that is decided.
 
 For each collective, its algorithms in order of preference; the first whose
-`applies(comm, nbytes)` holds runs. `comm` is anything with `rank`, `size`
-and `peer_memory` (a Comm, or a group's transport when a call is planned), and
-every rank of a group gets the same answer, so all take the same path.
+`applies(comm, nbytes)` holds runs. `comm` is anything with `rank`, `size`,
+`peer_memory` and `choices` (a Comm, or a group's transport when a call is
+planned), and every rank of a group gets the same answer, so all take the same
+path.
 
 ACCORD_ALGORITHMS=broadcast=chain,all_reduce=ring forces a choice (tests use
 it to cover every path at every size; it reaches every path, the phases of a
@@ -61,8 +62,28 @@ ALGORITHMS = {
 }
 
 
+_MEMO_MAX = 512        # distinct (op, size) choices kept per set of links
+
+
 def entry(op, nbytes, comm, forced):
-    """The Entry that runs `op` on nbytes over comm; forced: ACCORD_ALGORITHMS."""
+    """The Entry that runs `op` on nbytes over comm; forced: ACCORD_ALGORITHMS.
+
+    The choice depends only on the op, the size and the links (which never change
+    for a group's life), so it is kept in the links' `choices` dict: a small call
+    pays a dictionary lookup, not the predicates."""
+    memo = comm.choices
+    if not forced:
+        e = memo.get((op, nbytes))
+        if e is not None:
+            return e
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        e = memo[(op, nbytes)] = _entry(op, nbytes, comm, forced)
+        return e
+    return _entry(op, nbytes, comm, forced)
+
+
+def _entry(op, nbytes, comm, forced):
     algos = ALGORITHMS[op]
     name = forced.get(op)
     if name is None and op == "broadcast_list" and "broadcast" in forced:

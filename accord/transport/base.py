@@ -69,12 +69,14 @@ class Transport(Protocol):
     peer_memory: Optional[PeerMemory]   # single copy between memories, or None
     p2p: Optional["Transport"]          # shm: the point-to-point plane of the same arena
     links: dict                         # peer -> the medium's link to it
+    choices: dict                       # the algorithm table's memo for these links
 
     # what the group hands over (group.py) so that errors can name calls and sites
     history: Optional[Callable[[int], Optional[str]]]      # seq -> this rank's call then
     site_text: Optional[Callable[[int], Optional[str]]]    # call site id -> "file:line"
     reason_of: Optional[Callable[[int], Optional[Exception]]]  # peer -> its abort reason
     op_desc: str                        # the call in progress, for messages
+    current: Optional[tuple]            # (op, seq, group name) of the running collective
     active: Optional[tuple]             # (recvs, sends) being waited on, for reports
     interrupted: Optional[BaseException]  # set by interrupt(); the group clears it per call
     hosts: Optional[list]               # TCP over several hosts: each member's host (hierarchy)

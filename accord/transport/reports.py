@@ -11,6 +11,22 @@ from .wire import desync_text
 class Reports:
     medium = "link"
     broken = None
+    # the collective running now, (op name, seq, group name), set by the group: what
+    # op_desc says, formatted only when an error needs it
+    current = None
+    _fixed_desc = ""
+
+    @property
+    def op_desc(self):
+        """The call in progress, for messages ("" if none)."""
+        c = self.current
+        if c is not None:
+            return f"{c[0]} #{c[1]} (group {c[2]!r})"
+        return self._fixed_desc
+
+    @op_desc.setter
+    def op_desc(self, text):
+        self._fixed_desc = text
 
     def _check_usable(self):
         """After close(): GroupClosed, before any byte is touched."""

@@ -486,6 +486,7 @@ class ShmTransport(Reports):
         self.describe_rank = describe_rank
         self.broken = None
         self.op_desc = ""                        # the call in progress, for error messages
+        self.choices = {}                        # algorithms/table.py's memo
         self.history = None                      # seq -> this rank's call then (set by the group)
         self.site_text = None                    # site id -> "file:line" (set by the group)
         self.active = None                       # (recvs, sends) being progressed, for reports

@@ -255,6 +255,7 @@ class TcpTransport(Reports):
         self._sending = None                     # the stamp of the collective exchange under way
         self._benign = set()                     # peers whose next message was checked harmless
         self.op_desc = ""                        # the call in progress, for error messages
+        self.choices = {}                        # algorithms/table.py's memo
         self.history = None                      # seq -> this rank's call then (set by the group)
         self.site_text = None                    # site id -> "file:line" (set by the group)
         self.active = None                       # (recvs, sends) being progressed, for reports
