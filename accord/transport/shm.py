@@ -181,12 +181,16 @@ class _Link(StashMatching):
         self.departed = False           # the peer said BYE in the ring: it left on purpose
         self.eof = False                # the peer's ABORT was read: nothing follows it
 
-    def poke_data(self):
-        """New data is in our outgoing ring: wake the peer if it sleeps waiting for it."""
+    def poke_data(self, rendezvous=False):
+        """New data is in our outgoing ring: wake the peer if it sleeps waiting for it.
+
+        rendezvous: a single-copy descriptor went out, which its receiver must act
+        on (copy, ack) before this send completes: wake a sleeping peer whatever
+        amount of data it asked to be woken for."""
         _fence_enter()
         _fence_leave()
         w = self.t.q[self.o_want_data_i]
-        if w and self.o_head >= w:
+        if w and (rendezvous or self.o_head >= w):
             futex.add_and_wake(self.peer_doorbell, self.wake_n)
 
     def poke_space(self):
@@ -215,6 +219,7 @@ class _Link(StashMatching):
         """Write queued sends into the ring; True if any byte moved."""
         q, cap, ring = self.t.q, self.cap, self.o_ring
         moved = False
+        rendezvous = False
         while self.sends:
             head = self.o_head
             free = cap - (head - q[self.o_tail_i])
@@ -240,12 +245,13 @@ class _Link(StashMatching):
                         self.sends.popleft()
                         if s.seq:
                             self.unacked.append(s)
+                            rendezvous = True
                         else:
                             s.done = True
             self.o_head = head + wrote
             q[self.o_head_i] = self.o_head
             moved = True
-            self.poke_data()
+            self.poke_data(rendezvous)
         return moved
 
     def write_inline(self, header, buf, n):
@@ -879,7 +885,15 @@ class ShmTransport(Reports):
         expected = self.i32[self._doorbell_i]
         flags = []
         for link in links:
-            q[link.i_want_data_i] = link.want_data()
+            if link.posted or link.incoming is not None:
+                q[link.i_want_data_i] = link.want_data()
+            else:
+                # nothing is awaited from this peer: a small message may wait in the
+                # ring for its receive (its send is complete once it is there), so
+                # only a ring filling up (a stream its sender cannot finish alone)
+                # needs the engine. Senders doing blocking ping-pongs then never pay
+                # for waking an engine that has nothing to do with their messages.
+                q[link.i_want_data_i] = link.i_tail + self.cap // 2
             flags.append(link.i_want_data_i)
             if link.sends:
                 q[link.o_want_space_i] = link.want_space()
