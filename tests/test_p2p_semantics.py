@@ -297,3 +297,66 @@ def test_a_dead_peer_fails_only_its_receives(transport):
     for kind, payload in out[:2]:
         assert kind == "ok", payload
         assert payload == (("PeerLost", True, True), True)
+
+
+def _unposted_large_send(rank, world, flag):
+    # rank 1 has posted nothing for the large message and waits outside accord: its
+    # engine may hold the single-copy message back a moment for a receive, but not
+    # for ever, so rank 0's send completes (the message is kept until it is asked for)
+    n = 16 << 20
+    tiny = np.zeros(1, np.int32)
+    if rank == 0:
+        dist.send(tiny, dst=1)                    # both engines are running now
+        w = dist.isend(np.full(n, 7, np.uint8), dst=1, tag=3, timeout=30)
+        w.wait()
+        with open(flag, "w") as f:
+            f.write("sent")
+        return "sent"
+    dist.recv(tiny, src=0)
+    end = time.monotonic() + 30
+    while not os.path.exists(flag):
+        assert time.monotonic() < end, "rank 0's send never completed"
+        time.sleep(0.01)
+    buf = np.zeros(n, np.uint8)
+    dist.recv(buf, src=0, tag=3, timeout=30)
+    return bool((buf == 7).all())
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_large_send_completes_before_its_receive_is_posted(transport, tmp_path):
+    out = run_ranks(2, _unposted_large_send, str(tmp_path / "flag"), timeout=40,
+                    env={"ACCORD_TRANSPORT": transport})
+    assert out == ["sent", True]
+
+
+def _window_of_large_messages(rank, world):
+    # osu_bw's pattern: a window of isends, matched by irecvs posted one by one. A
+    # single-copy message that comes in before its irecv waits in the ring for it
+    # (its bytes are still in the sender's memory) instead of being copied into a
+    # stash and out again: count the stashed messages
+    from accord.transport import matching
+    made = []
+    real = matching.Stash.__init__
+
+    def counting(self, h, kind="stash"):
+        made.append(kind)
+        real(self, h, kind)
+    matching.Stash.__init__ = counting
+    n, win = 1 << 20, 16
+    if rank == 0:
+        data = np.arange(n // 4, dtype=np.float32)
+        ws = [dist.isend(data, dst=1, tag=5) for _ in range(win)]
+        for w in ws:
+            w.wait()
+        return None
+    got = [np.zeros(n // 4, np.float32) for _ in range(win)]
+    ws = [dist.irecv(g, src=0, tag=5) for g in got]
+    for w in ws:
+        w.wait()
+    want = np.arange(n // 4, dtype=np.float32)
+    return all(np.array_equal(g, want) for g in got), made.count("stash")
+
+
+def test_a_window_of_single_copy_messages_is_not_stashed():
+    out = run_ranks(2, _window_of_large_messages, timeout=40, env={"ACCORD_TRANSPORT": "shm"})
+    assert out[1] == (True, 0)

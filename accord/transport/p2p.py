@@ -103,20 +103,26 @@ class Engine:
             if self._closed is not None:
                 raise self._closed
             self._inbox.extend(ops)
-            thread = None
-            if self._thread is None:
-                thread = self._thread = threading.Thread(
-                    target=self._run, daemon=True, name=f"accord-p2p-{self.group_name}")
+            fresh = self._thread is None
         started = self._busy.acquire(blocking=False)
         if started:
             try:
                 self._turn()
             finally:
                 self._busy.release()
-        if thread is not None:
-            thread.start()
+        if fresh:
+            self._start_thread()
         elif any(self._needs_wake(op, started) for op in ops):
             self._kick()
+
+    def _start_thread(self):
+        """Start the engine thread, once (the group's first point-to-point call)."""
+        with self._lock:
+            if self._thread is not None or self._closed is not None:
+                return
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"accord-p2p-{self.group_name}")
+            self._thread.start()
 
     def try_now(self, is_send, peer, view, tag, spin_s, make_op):
         """A blocking send or receive with peer given, done on the caller's thread if
@@ -131,6 +137,8 @@ class Engine:
         link (the caller waits on op.future). (None, None): the plane is busy or
         closed; nothing was started, post the operation. Raises the link's failure
         (PeerLost ...), which the engine then knows as well."""
+        if self._thread is None:
+            self._start_thread()     # it drains what peers send, whoever waits for it
         if not self._busy.acquire(blocking=False):
             return None, None
         try:

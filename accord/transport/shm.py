@@ -103,6 +103,8 @@ SPIN_US = 50.0                       # spin this long before sleeping (a quarter
 SPIN_ACK_US = 1000.0                 # ... and this long for a peer copying a single-copy send
 YIELDS = 8                           # sched_yield()s before sleeping, when oversubscribed
 _SLICE_S = 0.25                      # longest single futex sleep
+DEFER_S = 0.002                      # longest a tagged single-copy message nobody asked
+                                     # for waits in the ring (Link._defer)
 _LIVENESS_S = 0.5                    # how often a sleeper checks that its peers live
 
 
@@ -178,6 +180,7 @@ class _Link(StashMatching):
         self.incoming = None            # [header, dest, offset, owner] being filled
         self.sends = collections.deque()
         self.unacked = collections.deque()
+        self.deferred = None            # since when an unasked-for single-copy message waits
         self.departed = False           # the peer said BYE in the ring: it left on purpose
         self.eof = False                # the peer's ABORT was read: nothing follows it
 
@@ -393,8 +396,11 @@ class _Link(StashMatching):
                             raise self.t.corrupt(self.peer, h, f"unknown message kind {kind}")
                         if avail < _DESC_MSG:
                             return moved
-                        addr, seq = _DESC.unpack(bytes(self._peek(_DESC_MSG))[HEADER_SIZE:])
                         h = (kind & ~_CMA_FLAG,) + h[1:]
+                        if h[0] == P2P and not self.posted and self._defer(h):
+                            return moved
+                        addr, seq = _DESC.unpack(bytes(self._peek(_DESC_MSG))[HEADER_SIZE:])
+                        self._undefer()
                         dest, owner = route(self, h)
                         self.i_tail += _DESC_MSG
                         consumed = moved = True
@@ -455,6 +461,31 @@ class _Link(StashMatching):
         finally:
             if consumed:
                 self._publish_tail()
+
+    def _defer(self, h):
+        """Whether to leave a tagged single-copy message nobody asked for yet in the
+        ring for now, rather than copy it into a stash and again out of it.
+
+        Its bytes wait in the sender's memory, and a window of irecvs posted one by
+        one, each a moment after its isend's descriptor came in, would otherwise
+        stash most of them. It is left there DEFER_S at most: a sender must not
+        wait for ever on a receiver busy elsewhere (in a collective, say). And not at
+        all while this rank has a send of its own under way (two ranks that both
+        block in a large send to each other), nor once anything is posted on the
+        link (a receive for a message behind it must get there)."""
+        if header_problem(h) is not None or self.t.sending():
+            return False
+        now = time.monotonic()
+        if self.deferred is None:
+            self.deferred = now
+            return True
+        if now - self.deferred < DEFER_S:
+            return True
+        self._undefer()
+        return False
+
+    def _undefer(self):
+        self.deferred = None
 
     def _cma_into_stash(self, owner, dest, addr):
         """Copy a single-copy message nobody awaits yet into the stash, in one read.
@@ -905,9 +936,15 @@ class ShmTransport(Reports):
         return expected, flags
 
     def sleep(self, token, timeout):
-        """Sleep on the doorbell (at most a slice: liveness is checked between)."""
+        """Sleep on the doorbell (at most a slice: liveness is checked between; and
+        no longer than a message left in the ring for its receive may wait)."""
         if timeout > 0:
-            self._doze(token[0], min(timeout, _SLICE_S))
+            deferring = any(link.deferred is not None for link in self.links.values())
+            self._doze(token[0], min(timeout, DEFER_S if deferring else _SLICE_S))
+
+    def sending(self):
+        """Whether a send of this plane is under way (queued, or awaiting its ack)."""
+        return any(link.sends or link.unacked for link in self.links.values())
 
     def disarm(self, token):
         """Lower the flags arm() raised (by the holder of the engine's lock only:
