@@ -113,6 +113,7 @@ class TaggedPlane(Protocol):
     `take_stashed(recv)`). All but wake() run under the engine's lock (its
     thread, or a caller progressing inline while the engine is idle)."""
     spin_s: float       # how long a blocking caller may move the links itself first
+    spin_ack_s: float   # ... when its send waits for the peer to copy it out (single copy)
 
     def tagged_send(self, peer: int, view: memoryview, tag: int):
         """Queue (or write at once) a tagged message; the record's `done` turns
@@ -122,6 +123,10 @@ class TaggedPlane(Protocol):
         """A receive from peer with tag into view, done at once if its message is
         the next one on the link and already all there (nothing posted or stashed
         before it); False changes nothing (a medium may always say False)."""
+
+    def awaits_copy(self, record) -> bool:
+        """Whether a send completes only once the peer has copied it out of this
+        process's memory (single copy), rather than once it is written."""
 
     def withdraw_send(self, record) -> bool:
         """Take back a send none of whose bytes left; False if it is under way."""

@@ -155,7 +155,10 @@ class Engine:
                 if not (link.stash and link.take_stashed(rec)):
                     link.posted.append(rec)
             if not rec.done:
-                end = time.perf_counter() + spin_s
+                # a single-copy send completes when the peer has copied it out: with a
+                # core each, spin through that copy (yielding) rather than sleep
+                acking = is_send and t.awaits_copy(rec)
+                end = time.perf_counter() + (t.spin_ack_s if acking else spin_s)
                 while True:
                     try:
                         moved = t.step_link(link)
@@ -168,6 +171,8 @@ class Engine:
                         raise
                     if rec.done or not moved and time.perf_counter() >= end:
                         break
+                    if acking and not moved:
+                        os.sched_yield()
             if rec.done:
                 return rec, None
             op = make_op(rec)

@@ -549,6 +549,7 @@ class ShmTransport(Reports):
         self._spin_ack_s = SPIN_ACK_US * 1e-6 if size <= ncpu else 0.0
         self._yields = 0 if size <= ncpu else YIELDS
         self.spin_s = self._spin_s if plane else 0.0     # transport/p2p.py's callers
+        self.spin_ack_s = self._spin_ack_s if plane else 0.0
         self._last_check = time.monotonic()
         self.cma_everywhere = False              # set by read_cma_flags
         self._peer_memory = None
@@ -869,6 +870,10 @@ class ShmTransport(Reports):
     def tagged_send(self, peer, view, tag):
         """Queue (or write at once) a tagged message; the record is done once it is out."""
         return self._send(peer, HEADER.pack(P2P, OP_SEND, 0, 0, -1, tag, -1, len(view)), view)
+
+    def awaits_copy(self, record):
+        """A single-copy send (its record carries an ack number) waits for the peer."""
+        return bool(record.seq)
 
     def take_now(self, peer, view, tag):
         """A receive of view from peer with tag, satisfied straight off the ring if the

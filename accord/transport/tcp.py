@@ -240,6 +240,7 @@ class TcpTransport(Reports):
     p2p = None                  # a TCP group's point-to-point plane is a second mesh
     peer_memory = None          # no single copy between hosts
     spin_s = 0.0                # a p2p caller never spins on sockets (transport/p2p.py)
+    spin_ack_s = 0.0
     hosts = None                # each member's host, when the group spans several
 
     def __init__(self, rank, size, socks, describe_rank):
@@ -354,6 +355,10 @@ class TcpTransport(Reports):
         s = _Send(peer, HEADER.pack(P2P, OP_SEND, 0, 0, -1, tag, -1, len(view)), view)
         self.links[peer].sends.append(s)
         return s
+
+    def awaits_copy(self, record):
+        """A socket send is done once written: False."""
+        return False
 
     def take_now(self, peer, view, tag):
         """Over a socket nothing is read but by step_link: False."""
