@@ -44,7 +44,7 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
     root = root_rank(g, src, group_src, "src")
     buf = as_buf(tensor, "tensor", writable=g.rank != root)   # the root only reads
     body, stamp = plans.broadcast_run(g, buf, root, finish=True)
-    if hierarchy.phased(g, "broadcast", buf.nbytes):
+    if g.hier is not None and hierarchy.phased(g, "broadcast", buf.nbytes):
         run = g.hier.broadcast(buf, root)
 
         def body(c):
@@ -69,7 +69,7 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout, call):
         if not in_place:
             np.copyto(mine_block, mine.arr, casting="no")
 
-    if hierarchy.phased(g, "all_gather", total):
+    if g.hier is not None and hierarchy.phased(g, "all_gather", total):
         run = g.hier.all_gather(blocks, mine, own)
 
         def body(c):
@@ -323,7 +323,7 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
         return completed_work("all_reduce") if async_op else None
     check_op(op, buf)
     body, stamp = plans.all_reduce_run(g, buf, op, finish=True)
-    if hierarchy.phased(g, "all_reduce", buf.nbytes):
+    if g.hier is not None and hierarchy.phased(g, "all_reduce", buf.nbytes):
         run = g.hier.all_reduce(buf, op)
 
         def body(c):

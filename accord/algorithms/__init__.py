@@ -14,6 +14,14 @@ def as_bytes(x):
     return x
 
 
+def _view(x):
+    # as_bytes for the one-message steps of small calls, a call less
+    try:
+        return memoryview(x).cast("B")
+    except (TypeError, ValueError, BufferError):
+        return as_bytes(x)
+
+
 class Comm:
     """rank, size, peer_memory (transport/base.py's PeerMemory, or None), choices
     (the algorithm table's memo for these links), and the moves: exchange, send,
@@ -52,10 +60,10 @@ class Comm:
         self._t.exchange(sends, recvs, self._stamp, self._deadline, meanwhile, ring)
 
     def send(self, peer, buf):
-        self._t.exchange(((peer, as_bytes(buf)),), (), self._stamp, self._deadline)
+        self._t.exchange(((peer, _view(buf)),), (), self._stamp, self._deadline)
 
     def recv(self, peer, buf):
-        self._t.exchange((), ((peer, as_bytes(buf)),), self._stamp, self._deadline)
+        self._t.exchange((), ((peer, _view(buf)),), self._stamp, self._deadline)
 
 
 def split(arr, counts):
