@@ -50,6 +50,7 @@ from .errors import CommTimeout
 from .options import to_seconds
 from .reduceops import ReduceOp
 from .rendezvous.torchelastic import agent_store   # in __all__: its old home
+from .rendezvous.torchelastic import attempt_store
 
 __all__ = ["AccordProcessGroup", "AccordWork", "agent_store", "BACKEND_NAME", "create_group",
            "default_group", "monitored_barrier"]
@@ -837,12 +838,17 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False) -> None:
 
 def create_group(common_opts, backend_options=None) -> "AccordProcessGroup":
     """torch's creator of "accord" groups (extended API): this rank's accord group
-    over the group's store, as the torch ProcessGroup torch will use."""
+    over the group's store, as the torch ProcessGroup torch will use.
+
+    Under torchrun the group meets in its restart attempt's own namespace of the
+    store (rendezvous/torchelastic.py: the agent's store keeps the keys of failed
+    attempts)."""
     rank, size = common_opts.group_rank, common_opts.group_size
     ranks = list(common_opts.global_ranks_in_group) or list(range(size))
     timeout = to_seconds(common_opts.timeout)
     name = f"torch:{common_opts.group_id}"
-    g = world.group_from_store(common_opts.store, rank, size, timeout, name, ranks)
+    store = attempt_store(common_opts.store)
+    g = world.group_from_store(store, rank, size, timeout, name, ranks)
     if size > 1:
         # every member has finished reading the store before any may leave (rank 0
         # hosts torch's store: peers still reading it would fail if it exited)

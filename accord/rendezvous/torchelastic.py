@@ -67,12 +67,46 @@ class TorchStore:
         self._s = None
 
 
+def attempt_namespace(env=None):
+    """The store namespace of this torchrun attempt, or None outside torchrun's agent store.
+
+    torchrun's agent keeps one store for the whole job (static and c10d
+    rendezvous alike, torch 2.13) and starts the workers of every restart
+    attempt on it without a prefix, so what the workers of a failed attempt
+    wrote (each rank's address, its shared-memory arena) is still there when
+    the next attempt's workers meet: a rank that reads such a key before its
+    peer has written it anew follows the dead process's address and waits for
+    it. The attempt's number (TORCHELASTIC_RESTART_COUNT) keeps each attempt's
+    keys apart, as torch's own env:// rendezvous once did
+    ("/worker/attempt_N").
+
+    Returns "/accord/attempt_N" when TORCHELASTIC_USE_AGENT_STORE is true in
+    `env` (default os.environ), else None.
+    """
+    env = os.environ if env is None else env
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    return f"/accord/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def attempt_store(store, env=None):
+    """`store` (a torch Store) seen through this torchrun attempt's namespace.
+
+    Unchanged outside torchrun's agent store; see attempt_namespace.
+    """
+    prefix = attempt_namespace(env)
+    if prefix is None:
+        return store
+    import torch.distributed as dist
+    return dist.PrefixStore(prefix, store)
+
+
 def agent_store(host, port, timeout):
     """A client of the TCPStore torchrun's agent hosts (TORCHELASTIC_USE_AGENT_STORE)."""
     import torch.distributed as dist
     timeout = to_seconds(timeout) or 300.0
     raw = dist.TCPStore(host, int(port), is_master=False,
                         timeout=datetime.timedelta(seconds=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    # torch's env:// rendezvous uses the same namespace for each restart attempt
-    return TorchStore(dist.PrefixStore(f"/accord/attempt_{attempt}", raw), timeout)
+    # the agent's store outlives each restart attempt: a namespace per attempt
+    prefix = attempt_namespace() or "/accord/attempt_0"
+    return TorchStore(dist.PrefixStore(prefix, raw), timeout)
