@@ -22,7 +22,11 @@ other than gloo/nccl/ucc, two kinds of gate are opened, in memory only:
   backend through: the module's source is read from the wheel, those decorator
   expressions rewritten, and the result compiled as the module torch imports.
   Checks inside test bodies are left as they are, but for the one that picks
-  DDP's CPU code path by name (`if BACKEND == "mpi" or BACKEND == "gloo":`);
+  DDP's CPU code path by name (`if BACKEND == "mpi" or BACKEND == "gloo":`).
+  The object-collective tests gated on torch's "gpu" feature set ({"nccl",
+  "gloo", "ucc"}) while their bodies use CUDA only for nccl (all_gather_object,
+  gather_object: CPU_BODIED_GPU_GATED) get the backend in that one decorator;
+  the "gpu" set itself is left alone, so CUDA tests stay closed;
 - with --profiling (also the default for accord), the backend joins torch's
   lists of backends whose calls the profiler shows (PROFILING_SUPPORTED_
   BACKENDS and the send/recv one), so the suite's profiler checks run.
@@ -41,6 +45,12 @@ import unittest
 
 MODULE = "torch.testing._internal.distributed.distributed_test"
 GATED = ("skip_but_pass_in_sandcastle_if(", "require_backend_is_available(")
+# tests gated on torch's "gpu" feature set ({"nccl", "gloo", "ucc"}) whose bodies
+# touch CUDA only when BACKEND is "nccl" (a CUDA tensor added to the objects):
+# for any other backend they are CPU tests, and their gate is a gate on the name
+CPU_BODIED_GPU_GATED = ("test_all_gather_object_default_pg", "test_all_gather_object_subgroup",
+                        "test_gather_object", "test_gather_object_subgroup")
+GPU_GATE = 'DistTestCases.backend_feature["gpu"]'
 
 
 def _parse(argv):
@@ -66,6 +76,8 @@ def open_decorator_gates(source: str, backend: str) -> str:
     parenthesis): `BACKEND != "gloo"` becomes a test that is false for both names,
     and a set `{"gloo", ...}` of required backends gains `backend`; so is the one
     body-level `if BACKEND == "mpi" or BACKEND == "gloo":` (DDP's CPU path).
+    The "gpu" feature-set gate is opened only on the tests of CPU_BODIED_GPU_GATED
+    (CPU tests for every backend but nccl); the other tests gated on it stay closed.
     """
     lines = source.split("\n")
     out, i = [], 0
@@ -80,6 +92,8 @@ def open_decorator_gates(source: str, backend: str) -> str:
                     break
                 i += 1
             text = "\n".join(span)
+            if _decorated(lines, i) in CPU_BODIED_GPU_GATED:
+                text = text.replace(GPU_GATE, f'({GPU_GATE} | {{"{backend}"}})')
             text = text.replace('BACKEND != "gloo"',
                                 f'(BACKEND != "gloo" and BACKEND != "{backend}")')
             text = re.sub(r'require_backend_is_available\(\{([^}]*)"gloo"([^}]*)\}\)',
@@ -93,6 +107,15 @@ def open_decorator_gates(source: str, backend: str) -> str:
                                     f'if BACKEND in ("mpi", "gloo", "{backend}"):'))
         i += 1
     return "\n".join(out)
+
+
+def _decorated(lines, i):
+    """The name of the function defined at or after line i (its decorators' target)."""
+    for line in lines[i:]:
+        m = re.match(r"\s*def (\w+)", line)
+        if m:
+            return m.group(1)
+    return None
 
 
 def load_suite(backend: str, world: int, open_gates: bool, profiling: bool = False):
