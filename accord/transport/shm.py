@@ -469,11 +469,12 @@ class _Link(StashMatching):
         Its bytes wait in the sender's memory, and a window of irecvs posted one by
         one, each a moment after its isend's descriptor came in, would otherwise
         stash most of them. It is left there DEFER_S at most: a sender must not
-        wait for ever on a receiver busy elsewhere (in a collective, say). And not at
-        all while this rank has a send of its own under way (two ranks that both
-        block in a large send to each other), nor once anything is posted on the
-        link (a receive for a message behind it must get there)."""
-        if header_problem(h) is not None or self.t.sending():
+        wait for ever on a receiver busy elsewhere (in a collective, say, or in a
+        large send of its own to a third rank). And not at all while this rank's own
+        send to the same peer waits for it (two ranks that both block in a large
+        send to each other), nor once anything is posted on the link (a receive for
+        a message behind it must get there)."""
+        if header_problem(h) is not None or self.awaits_peer():
             return False
         now = time.monotonic()
         if self.deferred is None:
@@ -483,6 +484,13 @@ class _Link(StashMatching):
             return True
         self._undefer()
         return False
+
+    def awaits_peer(self):
+        """Whether a send of ours to this peer is not through yet: queued, or copied
+        out by the peer without its ack being seen (the ack word is read, not the
+        records, which are collected later)."""
+        return bool(self.sends) or bool(self.unacked) and \
+            self.t.q[self.o_acked_i] < self.unacked[-1].seq
 
     def _undefer(self):
         self.deferred = None
@@ -947,9 +955,6 @@ class ShmTransport(Reports):
             deferring = any(link.deferred is not None for link in self.links.values())
             self._doze(token[0], min(timeout, DEFER_S if deferring else _SLICE_S))
 
-    def sending(self):
-        """Whether a send of this plane is under way (queued, or awaiting its ack)."""
-        return any(link.sends or link.unacked for link in self.links.values())
 
     def disarm(self, token):
         """Lower the flags arm() raised (by the holder of the engine's lock only:
