@@ -25,6 +25,9 @@ from .world import not_member, resolve_group
 from ._types import Tensor, Timeout
 
 
+_IN_PLACE_MIN = 64 << 10
+
+
 def _finish(*bufs):
     for b in bufs:
         b.finish()
@@ -59,9 +62,10 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout, call):
     forced = g.options.algorithms
 
     mine_block = blocks[g.rank]
-    # (may_share_memory first: reading an array's address through .ctypes costs µs)
-    in_place = mine.arr.size and np.may_share_memory(mine.arr, mine_block) and \
-        mine.arr.ctypes.data == mine_block.ctypes.data
+    # an input already in its place needs no copy; below _IN_PLACE_MIN the copy (onto
+    # itself, if it is) costs less than finding out (an array's address costs µs)
+    in_place = mine.nbytes >= _IN_PLACE_MIN and np.may_share_memory(mine.arr, mine_block) \
+        and mine.arr.ctypes.data == mine_block.ctypes.data
 
     def own():
         # an input that is this rank's block of the output (all_gather_into_tensor in
