@@ -53,7 +53,7 @@ _TAKEN.done = True
 class Pending:
     """One posted send or receive, from post() to its future's result."""
     __slots__ = ("is_send", "peer", "view", "tag", "deadline", "timeout", "future", "rec",
-                 "finish", "desc", "on_done")
+                 "finish", "desc", "on_done", "over")
 
     def __init__(self, is_send, peer, view, tag, timeout, desc, finish=None, on_done=None):
         self.is_send, self.peer, self.view, self.tag = is_send, peer, view, tag
@@ -64,6 +64,9 @@ class Pending:
         self.finish = finish     # run once the bytes are in (copy back a staged buffer)
         self.desc = desc
         self.on_done = on_done   # on_done(exc or None): the flight recorder's entry
+        # settled (its future has or is about to have its outcome): read by the engine
+        # on every pass over its operations, where future.done() would take a lock each
+        self.over = False
 
 
 class Engine:
@@ -195,7 +198,7 @@ class Engine:
         need not: the sleeper already waits for bytes on every link; a send it
         must (nobody waits for room in its ring yet), as must a deadline sooner than
         the sleeper would look."""
-        if op.future.done():
+        if op.over:
             return False
         return op.is_send or not started or op.timeout < _IDLE_S
 
@@ -391,7 +394,7 @@ class Engine:
     def _collect(self):
         keep = []
         for op in self._ops:
-            if op.future.done():
+            if op.over:
                 continue
             rec = op.rec
             if op.is_send:
@@ -418,6 +421,7 @@ class Engine:
         self._ops = keep
 
     def _succeed(self, op, value):
+        op.over = True
         try:
             if op.finish is not None:
                 op.finish()
@@ -430,6 +434,7 @@ class Engine:
     def _fail(self, op, exc):
         if op.future.done():
             return
+        op.over = True
         if op.on_done is not None:
             op.on_done(exc)
         op.future.set_exception(exc)
@@ -442,7 +447,7 @@ class Engine:
         self._gone[peer] = exc
         link = self.t.links[peer]
         for op in self._ops:
-            if op.future.done():
+            if op.over:
                 continue
             if op.rec.__class__ is list:
                 for r in op.rec:
@@ -469,7 +474,7 @@ class Engine:
         """Fail what is past its deadline; return the seconds to the next deadline."""
         nearest = _IDLE_S
         for op in self._ops:
-            if op.future.done():
+            if op.over:
                 continue
             left = op.deadline - now
             if left > 0:
