@@ -9,7 +9,8 @@ FSDP2's `fully_shard` splits every parameter across the ranks: each forward
 all-gathers a layer's shards, each backward reduce-scatters its gradients,
 and the optimizer only ever sees this rank's shard. Every rank trains on its
 own batches, so the gradients really are combined across ranks. At the end
-the full state dict is gathered on rank 0, which prints one line:
+the full state dict is gathered on rank 0 (with --fsdp1, on every rank: see
+below), and rank 0 prints one line:
 
     result: loss=<rank-averaged final loss, repr> params=<sha256 of the weights>
 
@@ -37,9 +38,11 @@ def checksum(state):
 
 
 def build():
-    torch.manual_seed(0)                        # the same start on every rank (FSDP
-    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(),   # shards it; it does not broadcast)
-                         nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    # the same start on every rank: FSDP keeps each rank's slice of these weights,
+    # it does not broadcast rank 0's
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(),
+                         nn.Linear(32, 4))
 
 
 def main():
