@@ -10,7 +10,8 @@ DEMO_STAMP := $(VENV)/.accord-demo
 TEST_STAMP := $(VENV)/.accord-test
 DOCS_STAMP := $(VENV)/.accord-docs
 NPROC  ?= 4
-DEMOS  := broadcast all_gather scatter mlp_sync uneven_shards eval_metrics async_overlap torch_ddp torch_accelerate
+DEMOS  := broadcast all_gather scatter mlp_sync uneven_shards eval_metrics async_overlap torch_ddp torch_accelerate \
+          torch_fsdp torch_dtensor torch_checkpoint torch_pipeline
 
 .PHONY: demo test docs install clean
 
