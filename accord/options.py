@@ -38,10 +38,38 @@ def _parse_host_port(text, name):
     text = text.strip()
     if not text:
         return ""
-    host, sep, port = text.rpartition(":")
+    if text.startswith("["):            # [v6]:port
+        host, sep, port = text[1:].partition("]")
+        sep, port = (sep, port[1:]) if port.startswith(":") else ("", "")
+    else:
+        host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{name} must be host:port, got {text!r}")
     return text
+
+
+def _parse_ifname(text):
+    """ACCORD_SOCKET_IFNAME, checked for shape only (which interfaces exist is
+    accord/netif.py's business, asked when a process picks its address)."""
+    text = text.strip()
+    body = text.lstrip("^").lstrip("=")
+    if text and not any(n.strip() for n in body.split(",")):
+        raise ValueError(f"ACCORD_SOCKET_IFNAME: expected an interface name, a comma list or "
+                         f"a ^ exclusion list, got {text!r}")
+    return text
+
+
+_TLS_VARS = {"tls_cert": "ACCORD_TLS_CERT", "tls_key": "ACCORD_TLS_KEY", "tls_ca": "ACCORD_TLS_CA"}
+
+
+def _parse_tls(env):
+    """The ACCORD_TLS_* files: none, or all three (mutual authentication needs each)."""
+    got = {f: env.get(v, "").strip() for f, v in _TLS_VARS.items()}
+    missing = [v for f, v in _TLS_VARS.items() if not got[f]]
+    if any(got.values()) and missing:
+        raise ValueError(f"TLS needs ACCORD_TLS_CERT, ACCORD_TLS_KEY and ACCORD_TLS_CA together "
+                         f"(mutual authentication); missing: {', '.join(missing)}")
+    return got
 
 
 def _parse_bytes(text, name, default):
@@ -79,6 +107,15 @@ class Options:
     # Messages of at least this many bytes go single-copy (process_vm_readv) where
     # the kernel allows it; 0 turns that off.
     shm_cma_min: int = 1 << 20
+    # ACCORD_SOCKET_IFNAME: the interface(s) the data plane and the store listen on
+    # ("eth0", "eth0,ib0", "=eth0", "^docker,lo"; accord/netif.py); empty: the one
+    # that routes to MASTER_ADDR
+    socket_ifname: str = ""
+    # ACCORD_TLS_CERT / ACCORD_TLS_KEY / ACCORD_TLS_CA: PEM files; all three set turns on
+    # TLS with mutual authentication for the store and the TCP transport (accord/tls.py)
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
     @classmethod
     def from_env(cls, environ=None):
@@ -105,4 +142,6 @@ class Options:
             store_token=env.get("ACCORD_STORE_TOKEN", "").strip(),
             shm_arena=_parse_bytes(env.get("ACCORD_SHM_ARENA", ""), "ACCORD_SHM_ARENA", 64 << 20),
             shm_cma_min=_parse_bytes(env.get("ACCORD_SHM_CMA", ""), "ACCORD_SHM_CMA", 1 << 20),
+            socket_ifname=_parse_ifname(env.get("ACCORD_SOCKET_IFNAME", "")),
+            **_parse_tls(env),
         )

@@ -20,6 +20,7 @@ import threading
 import time
 
 from .errors import AccordError, CommTimeout, PeerLost
+from .netif import family_of, is_loopback, join_host_port, store_bind_address, strip_brackets
 from .store import (DEFAULT_STORE_TIMEOUT, Store, Table, as_value, check_amount, check_key,
                     check_keys, timeout_error)
 
@@ -30,11 +31,20 @@ _MAX_FRAME = 1 << 31            # values may be large, but not absurd
 _MAX_FIRST_FRAME = 1024         # before HELLO: a stray client (HTTP, a probe) sends junk
 _GRACE_S = 5.0                  # client-side slack over a server-side wait
 _AUTH_TAG = b"auth-hmac-sha256"
+_TLS_HANDSHAKE_S = 10.0
 log = logging.getLogger("accord.store")
 
 
 def _proof(token, nonce):
     return hmac.new(token.encode(), nonce, hashlib.sha256).digest()
+
+
+def _tls_options():
+    """The options when ACCORD_TLS_* asks for TLS, else None."""
+    from .options import Options
+    from . import tls
+    options = Options.from_env()
+    return options if tls.enabled(options) else None
 
 
 def default_token():
@@ -111,6 +121,9 @@ def _peer_gone(sock):
     try:
         if not select.select([sock], [], [], 0)[0]:
             return False
+        if hasattr(sock, "pending"):
+            # TLS cannot peek; a waiting client sends nothing, so readable means it hung up
+            return True
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
@@ -126,8 +139,8 @@ class TCPStoreServer:
         # token: a shared secret clients must prove they know (HMAC of a nonce); None reads
         # ACCORD_STORE_TOKEN, "" turns the check off
         self._token = default_token() if token is None else token
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._tls = _tls_options()
+        self._listener = socket.socket(family_of(host), socket.SOCK_STREAM)
         # SO_REUSEADDR lets a new job bind while the old one's sockets sit in
         # TIME_WAIT; unlike SO_REUSEPORT it still refuses a second live server.
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -203,12 +216,26 @@ class TCPStoreServer:
                              name=f"accord-store:{self.port}:client").start()
 
     def _serve(self, sock):
-        conn, greeted = _Conn(sock), False
+        greeted = False
         try:
-            peer = "%s:%s" % sock.getpeername()[:2]
+            peer = join_host_port(*sock.getpeername()[:2])
         except OSError:
             peer = "?"
         try:
+            if self._tls is not None:
+                from . import tls
+                try:
+                    ssock = tls.wrap(sock, self._tls, server=True, timeout=_TLS_HANDSHAKE_S)
+                except OSError as e:
+                    log.warning("store :%s: dropped client %s: TLS handshake failed (%s)",
+                                self.port, peer, e)
+                    return
+                ssock.settimeout(None)
+                with self._table.cond:
+                    self._conns.discard(sock)
+                    self._conns.add(ssock)
+                sock = ssock
+            conn = _Conn(sock)
             nonce = None
             while not self._closed:
                 code, fields = _parse(conn.read_frame(_MAX_FRAME if greeted else _MAX_FIRST_FRAME))
@@ -239,8 +266,8 @@ class TCPStoreServer:
                 sock.sendall(self._handle(code, fields, sock))
         except _BadFrame as e:
             log.warning("store :%s: dropped client %s: malformed request (%s)", self.port, peer, e)
-        except (EOFError, OSError):
-            pass   # client gone or server closing
+        except (EOFError, OSError, ValueError):
+            pass   # client gone or server closing (ValueError: a TLS socket shut under us)
         finally:
             with self._table.cond:
                 self._conns.discard(sock)
@@ -302,20 +329,27 @@ class TCPStore(Store):
         self._closed = False
         self._broken = None     # the error that ended this connection, if any
         self._pid = os.getpid()
+        host = strip_brackets(host)
+        self.host = host
         v6 = ":" in host
+        dial = host
         if is_master:
-            # Listen on every interface (as torch does) so other hosts reach
-            # MASTER_ADDR; talk to it over loopback, which cannot be misrouted.
-            self._server = TCPStoreServer("::" if v6 else "0.0.0.0", port, display_host=host,
-                                          token=self._token)
+            # Listen where the clients dial (host itself, or the ACCORD_SOCKET_IFNAME
+            # interface), not on every interface; only a host name, or an address this
+            # host cannot bind, gets the wildcard (netif.store_bind_address). The master
+            # talks to its server over loopback when it can, which cannot be misrouted.
+            bind = store_bind_address(host)
+            self._server = TCPStoreServer(bind, port, display_host=host, token=self._token)
             port = self._server.port
             atexit.register(self.close)
+            dial = (("::1" if ":" in bind else "127.0.0.1")
+                    if bind in ("0.0.0.0", "::") or is_loopback(bind) else bind)
         elif not port:
             raise ValueError("TCPStore: a client needs the master's port, got 0")
         self.port = port
-        self._where = f"{host}:{port}"
+        self._where = join_host_port(host, port)
         try:
-            self._connect(("::1" if v6 else "127.0.0.1") if is_master else host, port)
+            self._connect(dial, port)
             if is_master and wait_for_workers and world_size:
                 if not self._server.wait_clients(world_size, self.timeout):
                     raise CommTimeout(
@@ -352,6 +386,17 @@ class TCPStore(Store):
                 time.sleep(min(delay, max(remaining, 0)))
                 delay = min(delay * 2, 0.5)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tls_options = _tls_options()
+        if tls_options is not None:
+            from . import tls
+            try:
+                sock = tls.wrap(sock, tls_options, server=False,
+                                timeout=max(1.0, min(deadline - time.monotonic(), 30.0)))
+            except OSError as e:
+                sock.close()
+                raise AccordError(f"the store at {host}:{port}: TLS handshake failed ({e}); is "
+                                  f"ACCORD_TLS_* the same on the store's host and its "
+                                  f"certificate signed by ACCORD_TLS_CA?") from None
         self._sock, self._conn = sock, _Conn(sock)
         try:
             reply = self._call(_HELLO, [_MAGIC])

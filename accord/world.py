@@ -22,7 +22,7 @@ from . import debug, hierarchy, rendezvous
 from .errors import AccordError, Desync, GroupClosed, PeerLost
 from .group import ProcessGroup
 from .options import Options, to_seconds
-from .transport.connect import local_address
+from .netif import local_address
 from .transport.factory import build_transport, connect_p2p
 from ._types import Timeout
 
@@ -101,7 +101,7 @@ def group_from_store(store, rank, size, timeout=None, name="default", ranks=None
     if len(ranks) != size or not 0 <= rank < size:
         raise ValueError(f"rank {rank} / size {size} / ranks {ranks} do not agree")
     g = ProcessGroup(name, ranks, ranks[rank], timeout=timeout, options=options)
-    connect(g, store, options.addr or local_address(_master_host(None)), timeout)
+    connect(g, store, local_address(options, _master_host(None)), timeout)
     return g
 
 
@@ -144,6 +144,8 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
                          f"got {backend!r}")
     options = Options.from_env()
     timeout = to_seconds(timeout) or options.timeout
+    # before any connection: a bad ACCORD_SOCKET_IFNAME is a ValueError on every rank
+    addr = local_address(options, _master_host(init_method))
     if store is not None:
         if init_method is not None:
             raise ValueError("pass either init_method or store, not both")
@@ -157,7 +159,6 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         raw = rendezvous.make_store(init_method, rank, world_size, timeout,
                                     options.launcher_store_addr)
     prefixed = rendezvous.job_prefix(raw, world_size)
-    addr = options.addr or local_address(_master_host(init_method))
     w = _World(options, prefixed, raw, rank, world_size, addr, timeout)
     try:
         w.default = _build_group(w, "default", range(world_size), timeout)

@@ -182,6 +182,7 @@ def check_network(r):
                        f"{', '.join(addrs) if addrs else 'no address'}")
     if names and not routable:
         r.line("INFO", "no interface with a non-loopback IPv4 address: jobs on this host only")
+    check_chosen_interface(r)
     # loopback: bind, listen, connect, one round trip
     try:
         t0 = time.perf_counter()
@@ -210,6 +211,30 @@ def check_network(r):
     except OSError as exc:
         r.line("WARN", f"cannot bind a port on 0.0.0.0 ({exc}): other hosts cannot reach a "
                        "store here")
+
+
+def check_chosen_interface(r, env=None):
+    """Say which address (and interface) a rank here would listen on, and why."""
+    from ..netif import choose_address, interfaces, store_bind_address
+    from ..options import Options
+    env = os.environ if env is None else env
+    try:
+        options = Options.from_env(env)
+    except ValueError:          # the environment section says which setting is bad
+        return
+    master = env.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        addr, name, why = choose_address(options, master)
+        bind = store_bind_address(master, options)
+    except ValueError as exc:
+        r.line("FAIL", f"{exc}: every rank would refuse to start")
+        return
+    if name is None:
+        name = next((n for n, _, addrs in interfaces() if addr in addrs), "?")
+    r.line("OK", f"ranks here listen on {addr} (interface {name}): {why}; a store hosted here "
+                 f"for MASTER_ADDR {master} listens on {bind}"
+                 + ("" if options.socket_ifname or options.addr else
+                    " (ACCORD_SOCKET_IFNAME chooses another interface)"))
 
 
 def _probe(code, timeout):

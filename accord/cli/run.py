@@ -249,14 +249,13 @@ class _Launcher:
             port = cfg.store_port or cfg.master_port + 1
             if cfg.node_rank != 0:
                 return f"{cfg.master_addr}:{port}"
-            bind = "0.0.0.0"
         else:
             port = cfg.store_port
-            bind = cfg.master_addr if cfg.master_addr in _LOOPBACK else "0.0.0.0"
-            if bind == "localhost":
-                bind = "127.0.0.1"
         try:
+            from accord.netif import store_bind_address
             from accord.tcpstore import TCPStoreServer
+            # the master address (or the ACCORD_SOCKET_IFNAME interface), not 0.0.0.0
+            bind = store_bind_address(cfg.master_addr)
         except ImportError as exc:
             _say(f"warning: cannot host the store ({exc}); rank 0 will host it")
             return ""
@@ -391,7 +390,7 @@ class _Launcher:
                 try:
                     store_address = self._start_store()
                     env = self._base_env(store_address)
-                except (RuntimeError, OSError) as exc:
+                except (RuntimeError, OSError, ValueError) as exc:
                     _say(f"error: {exc}")
                     return 1
                 first = cfg.node_rank * cfg.nproc_per_node

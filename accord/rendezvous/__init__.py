@@ -11,6 +11,7 @@ import re
 import urllib.parse
 import zlib
 
+from ..netif import split_host_port, strip_brackets
 from ..store import FileStore, PrefixStore
 from ..tcpstore import TCPStore
 from .torchelastic import agent_store
@@ -75,7 +76,7 @@ def _slurm_first_host(env):
 
 def master_address(env=None):
     env = os.environ if env is None else env
-    addr = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
+    addr = strip_brackets(env.get("MASTER_ADDR")) or _slurm_first_host(env) or "127.0.0.1"
     port = env.get("MASTER_PORT")
     if port:
         return addr, int(port)
@@ -97,7 +98,7 @@ def make_store(init_method, rank, world_size, timeout, launcher_store, env=None)
     url = urllib.parse.urlparse(init_method)
     if url.scheme == "env":
         if launcher_store:
-            host, _, port = launcher_store.rpartition(":")
+            host, port = split_host_port(launcher_store)
             return TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
         host, port = master_address(env)
         if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":

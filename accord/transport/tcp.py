@@ -44,6 +44,8 @@ class Link(StashMatching):
     def __init__(self, sock, peer, transport):
         self.sock, self.peer, self.t = sock, peer, transport
         self.fd = sock.fileno()
+        # a TLS socket (accord/tls.py) may hold decrypted bytes that poll() cannot see
+        self.tls = hasattr(sock, "pending")
         self.rbuf = bytearray(_RBUF)
         self.rview = memoryview(self.rbuf)
         self.rstart = self.rend = 0
@@ -390,6 +392,8 @@ class TcpTransport(Reports):
 
     def sleep(self, links, timeout):
         """Sleep until a link can move, wake() is called, or timeout seconds pass."""
+        if any(link.tls and link.sock.pending() for link in links):
+            return                      # bytes already decrypted: step the links now
         p = select.poll()
         p.register(self._wakefd, select.POLLIN)
         for link in links:
@@ -432,6 +436,9 @@ class TcpTransport(Reports):
                         link.incoming is None and peer not in self._benign:
                     masks[peer] = masks.get(peer, 0) | select.POLLIN
                     crossing.add(peer)
+        if any(self.links[r.peer].tls and self.links[r.peer].sock.pending()
+               for r in recvs if not r.done):
+            return                      # bytes already decrypted: progress reads them
         p = select.poll()
         fds = {}
         for peer, link in self.links.items():
