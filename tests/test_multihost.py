@@ -109,3 +109,61 @@ def test_two_hosts_over_veth(two_hosts, tmp_path, mode):
         assert p.returncode == 0, out
     for r in range(4):
         assert (tmp_path / f"ok{r}").read_text() == addr_a
+
+
+@pytest.fixture
+def two_hosts_v6(two_hosts):
+    """two_hosts with an IPv6 address on each end of the veth pair as well (no duplicate
+    address detection, so they are usable at once)."""
+    (ns_a, _), (ns_b, _) = two_hosts
+    out = []
+    for ns, addr in ((ns_a, "fd42:acc::1"), (ns_b, "fd42:acc::2")):
+        dev = ns[:-1] + "v" + ns[-1]
+        res = _sh("ip", "-n", ns, "addr", "add", f"{addr}/64", "dev", dev, "nodad")
+        if res.returncode != 0:
+            pytest.skip(f"cannot add an IPv6 address: {res.stderr.strip()}")
+        out.append((ns, addr, dev))
+    return out
+
+
+def test_two_hosts_over_ipv6_with_socket_ifname(two_hosts_v6, tmp_path):
+    # every rank and both launchers' stores pick the veth by name; the store listens on
+    # that interface's IPv6 address only
+    (ns_a, addr_a, dev_a), (ns_b, _, dev_b) = two_hosts_v6
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    port = str(random.randint(20000, 40000))
+    procs = []
+    for ns, node, dev in ((ns_a, "0", dev_a), (ns_b, "1", dev_b)):
+        env = dict(os.environ, ACCORD_TIMEOUT="60", ACCORD_TRANSPORT="tcp", EXPECT_HIER="0",
+                   ACCORD_SOCKET_IFNAME=dev, ACCORD_STORE_TOKEN="shared-by-both-hosts")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes", "2",
+             "--node-rank", node, "--master-addr", addr_a, "--master-port", port, "-n", "2",
+             str(script), str(tmp_path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("multi-host job hung:\n" + "\n".join(outs))
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+    for r in range(4):
+        assert (tmp_path / f"ok{r}").read_text() == addr_a
+
+
+def test_socket_ifname_matching_nothing_fails_every_rank_at_once(two_hosts, tmp_path):
+    (ns_a, addr_a), _ = two_hosts
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, ACCORD_TIMEOUT="60", ACCORD_SOCKET_IFNAME="nosuch0",
+               ACCORD_STORE_TOKEN="t")
+    p = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-m", "accord", "run",
+                        "-n", "2", "--master-addr", addr_a, str(script), str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "nosuch0" in p.stdout + p.stderr
