@@ -336,3 +336,34 @@ def test_tls_store_refuses_plain_and_foreign_clients(certs, monkeypatch):
 def test_tls_needs_all_three_files():
     with pytest.raises(ValueError, match="ACCORD_TLS_KEY, ACCORD_TLS_CA"):
         Options.from_env({"ACCORD_TLS_CERT": "/x.pem"})
+
+
+def _v6_env_job(rank, world, port):
+    import accord
+    os.environ.pop("ACCORD_LAUNCHER_STORE")
+    os.environ.update(MASTER_ADDR="[::1]", MASTER_PORT=str(port))
+    accord.init_process_group()
+    x = np.ones(5) * (rank + 1)
+    accord.all_reduce(x)
+    store = accord.world.default_group().store
+    accord.destroy_process_group()
+    return bool((x == 3).all()), type(store).__name__
+
+
+def test_ipv6_master_addr_env():
+    # rank 0 hosts the store on ::1 (brackets as in a URL are accepted)
+    out = run_ranks(2, _v6_env_job, _free_v6_port(), env={"ACCORD_TRANSPORT": "tcp"},
+                    init=False, timeout=30)
+    assert [o[0] for o in out] == [True, True]
+
+
+def test_doctor_names_the_interface_and_why():
+    import io
+    from accord.cli import doctor
+    buf = io.StringIO()
+    r = doctor.Report(buf)
+    doctor.check_chosen_interface(r, {"MASTER_ADDR": "127.0.0.1", "ACCORD_SOCKET_IFNAME": "lo"})
+    doctor.check_chosen_interface(r, {"ACCORD_SOCKET_IFNAME": "nosuchif0"})
+    text = buf.getvalue()
+    assert "listen on 127.0.0.1 (interface lo): ACCORD_SOCKET_IFNAME=lo" in text, text
+    assert "FAIL" in text and "nosuchif0" in text, text
