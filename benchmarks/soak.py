@@ -10,7 +10,8 @@ together; sizes log-uniform from 0 B to --max-bytes (16 MiB), integer dtypes
 (and float64 holding integers) so every expected value is exact. Rank 0
 prints one JSON line: ops, ops/s, wrong results, peak RSS per rank over time
 (after warm-up and at the end), open file descriptors and threads after
-warm-up and at the end, and the accord entries of /dev/shm this job left. With
+warm-up and at the end, and which of its groups' shared-memory arenas are
+still in /dev/shm at the end (none over TCP, which makes none). With
 --json FILE it also writes that line there. The exit status is 1 when any
 result was wrong or something leaked.
 """
@@ -103,11 +104,17 @@ def _one_op(rng, rank, world, subgroups, max_bytes):
     return sum(int(not (x == want).all()) for x in xs)
 
 
-def _accord_shm():
-    try:
-        return sorted(n for n in os.listdir("/dev/shm") if n.startswith("accord"))
-    except OSError:
-        return []
+def shm_left(report, settle_s=2.0):
+    """The shared-memory arenas of this job's groups still in /dev/shm (every rank
+    unlinks its group's name once all have mapped it; waits up to settle_s for
+    ranks still leaving). Another job's segments are not counted."""
+    paths = sorted({p for e in report["ranks"] for p in e["arenas"]})
+    end = time.monotonic() + settle_s
+    while True:
+        left = [p for p in paths if os.path.exists(p)]
+        if not left or time.monotonic() >= end:
+            return left
+        time.sleep(0.1)
 
 
 def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0):
@@ -140,6 +147,9 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0):
             next_sample = now + sample_s
     elapsed = time.monotonic() - t0
     fds1, threads1 = _fds(), threading.active_count()
+    arenas = sorted({getattr(g.transport, "arena_path", "") for g in
+                     [accord.world.default_group()] + [g for _, g in subgroups if g is not None]
+                     if g.transport is not None} - {""})
     if warm_rss is None:
         fds0, threads0 = fds1, threads1
     for _, g in subgroups:
@@ -148,7 +158,7 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0):
     accord.barrier()
     mine = {"rank": rank, "ops": ops, "wrong": wrong, "rss_kib": rss or [_rss_kib()],
             "warm_rss_kib": warm_rss or _rss_kib(), "end_rss_kib": _rss_kib(),
-            "fds": [fds0, fds1], "threads": [threads0, threads1]}
+            "fds": [fds0, fds1], "threads": [threads0, threads1], "arenas": arenas}
     every = [None] * world
     accord.all_gather_object(every, mine)
     if rank != 0:
@@ -168,15 +178,13 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--json", default=None, help="also write rank 0's report here")
     args = p.parse_args(argv)
-    shm_before = set(_accord_shm())
     accord.init_process_group()
     report = soak(args.duration, args.max_bytes, args.seed)
     rank = accord.get_rank()
     accord.destroy_process_group()
     if report is None:
         return 0
-    time.sleep(0.5)          # the other ranks unlink their segments as they leave
-    report["shm_left"] = sorted(set(_accord_shm()) - shm_before)
+    report["shm_left"] = shm_left(report)
     leaks = [e for e in report["ranks"] if e["fds"][0] != e["fds"][1]
              or e["threads"][0] != e["threads"][1]]
     report["leaks"] = bool(leaks)
