@@ -367,3 +367,87 @@ def test_doctor_names_the_interface_and_why():
     text = buf.getvalue()
     assert "listen on 127.0.0.1 (interface lo): ACCORD_SOCKET_IFNAME=lo" in text, text
     assert "FAIL" in text and "nosuchif0" in text, text
+
+
+# -- the handshake fuzzed, and a stopped rank ----------------------------------------
+
+def _fuzz_one(prefix_bytes, tail, close):
+    """Rank 0 of a 2-rank mesh meets a connection that sends `prefix_bytes` (a hello of
+    the right group with random fields, or junk) then `tail`, before the real rank 1
+    connects: the mesh must still form, with the real rank 1."""
+    store, out = HashStore(), {}
+    deadline = time.monotonic() + 10
+    t0 = threading.Thread(target=_mesh, args=(0, 2, b"k", store, out, deadline))
+    t0.start()
+    host, port = netif.split_host_port(store.get("g/addr/0", timeout=5).decode())
+    junk = socket.create_connection((host, int(port)), timeout=5)
+    try:
+        try:
+            junk.sendall(prefix_bytes + tail)
+            if close:
+                junk.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass            # rank 0 refused it already
+        _mesh(1, 2, b"k", store, out, deadline)
+        t0.join(15)
+    finally:
+        junk.close()
+    try:
+        assert not isinstance(out[0], Exception) and not isinstance(out[1], Exception), out
+        out[1][0].sendall(b"real")
+        assert out[0][1].recv(4) == b"real"
+    finally:
+        for socks in out.values():
+            for s in getattr(socks, "values", lambda: [])():
+                s.close()
+
+
+def test_handshake_fuzzed():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    hello = st.builds(lambda magic, tok, rank, nonce: connect._HELLO.pack(magic, tok, rank, nonce),
+                      st.sampled_from([connect._MAGIC, b"accord01", b"\0" * 8]),
+                      st.sampled_from([connect.group_token("g"), 0, 2 ** 64 - 1]),
+                      st.integers(-2 ** 31, 2 ** 31 - 1) | st.sampled_from([0, 1, 2]),
+                      st.binary(min_size=16, max_size=16))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(hello, st.binary(max_size=64)), st.binary(max_size=80), st.booleans())
+    def run(prefix_bytes, tail, close):
+        _fuzz_one(prefix_bytes, tail, close)
+
+    run()
+
+
+def _stopped_rank(rank, world, stop_s):
+    """Rank 1 stops itself (SIGSTOP) between two all_reduces; a helper wakes it after
+    stop_s seconds. Returns (outcome of the second all_reduce, seconds it took)."""
+    import signal
+    import subprocess
+    import accord
+    from harness import timed
+    x = np.ones(1 << 16)
+    accord.all_reduce(x)
+    if rank == 1:
+        subprocess.Popen(["sh", "-c", f"sleep {stop_s}; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+    y = np.full(1 << 16, rank + 1.0)
+    kind, msg, took = timed(lambda: accord.all_reduce(y))
+    return kind, msg, took, bool((y == world * (world + 1) / 2).all())
+
+
+def test_rank_stopped_shorter_than_the_timeout_completes():
+    out = run_ranks(3, _stopped_rank, 2, env={"ACCORD_TRANSPORT": "tcp", "ACCORD_TIMEOUT": "20"},
+                    timeout=30)
+    assert [o[0] for o in out] == ["ok"] * 3 and all(o[3] for o in out), out
+
+
+def test_rank_stopped_longer_than_the_timeout_is_named():
+    out = run_ranks(3, _stopped_rank, 8, env={"ACCORD_TRANSPORT": "tcp", "ACCORD_TIMEOUT": "3"},
+                    timeout=30, expect_fail=True)
+    for r in (0, 2):
+        kind, payload = out[r]
+        assert kind == "ok", out
+        err, msg, took, _ = payload
+        assert err == "CommTimeout" and "rank 1" in msg, payload
+        assert took < 3 + 4, payload
