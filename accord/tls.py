@@ -61,6 +61,9 @@ class TlsSocket:
     def __init__(self, ssock):
         self.s = ssock
         self.family = ssock.family
+        # a write ssl could not finish: it must be retried with the same bytes, so the
+        # send it belongs to can no longer be withdrawn (transport/tcp.py)
+        self.write_pending = False
 
     def fileno(self):
         return self.s.fileno()
@@ -96,9 +99,12 @@ class TlsSocket:
 
     def send(self, data):
         try:
-            return self.s.send(memoryview(data)[:_WRITE_CHUNK])
+            n = self.s.send(memoryview(data)[:_WRITE_CHUNK])
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            self.write_pending = True
             raise BlockingIOError from None
+        self.write_pending = False
+        return n
 
     def sendmsg(self, parts):
         """Write the parts in order; the bytes written (BlockingIOError: none)."""

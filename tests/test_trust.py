@@ -160,6 +160,19 @@ def test_job_secret_is_the_token_or_one_shared_random_secret(monkeypatch):
     assert connect.job_secret(HashStore()) != a
 
 
+def test_no_token_off_loopback_warns_once(monkeypatch, caplog):
+    monkeypatch.delenv("ACCORD_STORE_TOKEN", raising=False)
+    monkeypatch.setattr(connect, "_warned_unset", False)
+    store = HashStore()
+    with caplog.at_level(logging.WARNING, logger="accord"):
+        connect.job_secret(store, "127.0.0.1")
+        assert not caplog.records          # loopback: only this host's processes
+        connect.job_secret(store, "10.0.0.5")
+        connect.job_secret(store, "10.0.0.5")
+    warned = [r for r in caplog.records if "ACCORD_STORE_TOKEN is not set" in r.getMessage()]
+    assert len(warned) == 1
+
+
 # -- the network ----------------------------------------------------------------------
 
 _IFACES = [("lo", netif.IFF_UP | netif.IFF_LOOPBACK, ["127.0.0.1", "::1"]),

@@ -4,8 +4,10 @@
 
 Reports the host (Python, numpy, CPUs, hostname), /dev/shm (size, free space,
 writable, leftover accord segments), the network interfaces and their
-addresses, whether a loopback TCP port can be bound and connected to, whether
-torch (with gloo) and mpi4py are importable, the kernel's ptrace_scope (which
+addresses, the address and interface a rank here would listen on and why
+(ACCORD_SOCKET_IFNAME, or the route to MASTER_ADDR), whether the job's
+secret (ACCORD_STORE_TOKEN) and TLS are set, whether a loopback TCP port can
+be bound and connected to, whether torch (with gloo) and mpi4py are importable, the kernel's ptrace_scope (which
 decides whether one rank may read another's memory directly), GLIBC_TUNABLES,
 the ACCORD_* settings, and ends with a health check: two ranks started with
 `accord run` do a broadcast and an all_reduce and verify the results.
@@ -231,6 +233,16 @@ def check_chosen_interface(r, env=None):
         return
     if name is None:
         name = next((n for n, _, addrs in interfaces() if addr in addrs), "?")
+    if options.store_token:
+        r.line("OK", "ACCORD_STORE_TOKEN is set: the store and every connection between ranks "
+                     "prove it")
+    else:
+        r.line("INFO", "ACCORD_STORE_TOKEN is not set: `accord run` makes one on one host; "
+                       "elsewhere the ranks' connections prove a secret shared through the "
+                       "store, which anyone who reaches the store can read")
+    r.line("INFO", "TLS: " + (f"on (ACCORD_TLS_CERT={options.tls_cert}, ACCORD_TLS_CA="
+                              f"{options.tls_ca})" if options.tls_cert else
+                              "off (ACCORD_TLS_CERT/KEY/CA turn it on)"))
     r.line("OK", f"ranks here listen on {addr} (interface {name}): {why}; a store hosted here "
                  f"for MASTER_ADDR {master} listens on {bind}"
                  + ("" if options.socket_ifname or options.addr else

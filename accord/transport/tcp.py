@@ -369,7 +369,8 @@ class TcpTransport(Reports):
     def withdraw_send(self, s):
         """Take back a send no byte of which left yet; False if it is under way."""
         link = self.links[s.peer]
-        if s not in link.sends or (link.sends[0] is s and link.send_partial):
+        if s not in link.sends or (link.sends[0] is s and (
+                link.send_partial or link.tls and link.sock.write_pending)):
             return False
         link.sends.remove(s)
         return True
