@@ -464,3 +464,49 @@ def test_rank_stopped_longer_than_the_timeout_is_named():
         err, msg, took, _ = payload
         assert err == "CommTimeout" and "rank 1" in msg, payload
         assert took < 3 + 4, payload
+
+
+def test_store_protocol_fuzzed():
+    """Random frames (valid codes with random fields, bad lengths, junk) sent to a store
+    server, before and after the hello: it drops or answers them, and a real client
+    is served afterwards, every time."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from accord import tcpstore
+    from accord.tcpstore import TCPStore, TCPStoreServer
+    server = TCPStoreServer("127.0.0.1", 0, token="t0k")
+    fields = st.lists(st.binary(max_size=24), max_size=4)
+    frame = st.builds(tcpstore._frame, st.integers(0, 255), fields)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(["none", "hello", "authenticated"]),
+           st.lists(frame | st.binary(max_size=40), max_size=4))
+    def run(greet, frames):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+            s.settimeout(2)
+            try:
+                if greet != "none":
+                    s.sendall(tcpstore._frame(1, [tcpstore._MAGIC]))   # HELLO
+                if greet == "authenticated":          # the proof, then fuzz the requests
+                    conn = tcpstore._Conn(s)
+                    _, (tag, nonce) = tcpstore._parse(conn.read_frame())
+                    s.sendall(tcpstore._frame(tcpstore._AUTH, [tcpstore._proof("t0k", nonce)]))
+                    assert tcpstore._parse(conn.read_frame())[0] == tcpstore._OK
+                for f in frames:
+                    s.sendall(f)
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(4096):
+                    pass
+            except OSError:
+                pass            # dropped, as it should be
+        ok = TCPStore("127.0.0.1", server.port, timeout=5, token="t0k")
+        try:
+            ok.set("k", b"v")
+            assert ok.get("k") == b"v"
+        finally:
+            ok.close()
+
+    try:
+        run()
+    finally:
+        server.close()
