@@ -1,0 +1,200 @@
+"""Who is still alive, and one decision every survivor shares: the store side of
+accord.shrink, accord.agree and accord.admit (elastic.py), and of a restarted
+process waiting to be admitted (world.py).
+
+Nothing here uses a group's links, which a death has broken: every member
+meets through the job's store, which outlives any rank (`accord run` hosts it
+in the launcher).
+
+A **decision** (`decide`) has a key. Each member that takes part writes its
+contribution under it; once every member has either answered or is known to
+be dead, the first member to propose a result fixes it with the store's
+compare_set, and every member returns that one result. A member that dies
+half way is either counted (it answered before it died) or not (it did not),
+but every survivor sees the same result, whichever member proposed it.
+
+**Dead** means the process is gone, nothing weaker: each member of a group
+publishes its identity (boot id, pid namespace, pid, start time) when the group
+is made, and a member on the same host (the same kernel and pid namespace)
+reads /proc to tell whether that process still runs (a zombie counts as
+gone). A process that merely stopped answering is waited for until the
+deadline and then named in a CommTimeout, never silently dropped: a rank
+judged dead while alive would go on as a group of its own.
+"""
+import json
+import os
+import time
+
+from .errors import CommTimeout
+
+# how often an undecided decision looks at the store again (seconds): short first,
+# since the survivors of one failure arrive within a few ms of one another
+_POLLS = (0.002, 0.005, 0.01, 0.02, 0.05)
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _host():
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{_read('/proc/sys/kernel/random/boot_id')}:{ns}"
+
+
+def _start_time(pid):
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), its
+    state letter; (None, None) once it is gone."""
+    stat = _read(f"/proc/{pid}/stat")
+    if not stat:
+        return None, None
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        return fields[19], fields[0]
+    except IndexError:
+        return None, None
+
+
+_HOST = _host()
+
+
+def identity(pid=None):
+    """This process's identity (or pid's, on this host), as published for its groups."""
+    pid = os.getpid() if pid is None else pid
+    start, _ = _start_time(pid)
+    return f"{_HOST}/{pid}/{start or '?'}"
+
+
+def is_dead(ident):
+    """True when the process `ident` names is certainly gone; False when it runs;
+    None when this host cannot tell (another host, or no identity)."""
+    if not ident:
+        return None
+    if isinstance(ident, bytes):
+        ident = ident.decode("utf-8", "replace")
+    try:
+        host, pid, start = ident.rsplit("/", 2)
+        pid = int(pid)
+    except ValueError:
+        return None
+    if host != _HOST or not _HOST.split(":")[0]:
+        return None
+    now, state = _start_time(pid)
+    if now is None or state in ("Z", "X", "x"):
+        return True
+    return start != "?" and now != start
+
+
+def proc_key(group_name, group_rank):
+    """Where a member of a group publishes its identity."""
+    return f"{group_name}/proc/{group_rank}"
+
+
+def member_dead(store, group_name, group_rank):
+    """is_dead() of a group member, from the identity it published."""
+    key = proc_key(group_name, group_rank)
+    try:
+        if not store.check([key]):
+            return None
+        return is_dead(store.get(key))
+    except Exception:
+        return None
+
+
+def decide(store, key, size, me, value, dead, propose, deadline, what):
+    """Take part in the decision `key` among members 0..size-1 as member `me`.
+
+    value: this member's contribution (bytes). dead(r): True when member r is
+    certainly gone. propose({member: value}): the result (bytes) from the
+    contributions of every member that answered, made by whichever member
+    first sees every member decided. Returns the one result every member gets.
+
+    Raises CommTimeout (naming the members that neither answered nor are known
+    dead) when no result is fixed by deadline (time.monotonic()).
+    """
+    out = f"{key}/out"
+    store.set(f"{key}/in/{me}", value)
+    vals = {me: value}
+    gone = set()
+    polls = 0
+    while True:
+        if store.check([out]):
+            return store.get(out)
+        missing = []
+        for r in range(size):
+            if r in vals or r in gone:
+                continue
+            k = f"{key}/in/{r}"
+            if store.check([k]):
+                vals[r] = store.get(k)
+            elif dead(r):
+                # checked again: it may have answered just before it died
+                if store.check([k]):
+                    vals[r] = store.get(k)
+                else:
+                    gone.add(r)
+            else:
+                missing.append(r)
+        if not missing:
+            # once judged dead a member stays dead; one that answered counts
+            return store.compare_set(out, b"", propose(dict(vals)))
+        if time.monotonic() >= deadline:
+            if store.check([out]):
+                return store.get(out)
+            answered = ", ".join(str(r) for r in sorted(vals)) or "none"
+            dead_text = (f"; members known dead: {', '.join(str(r) for r in sorted(gone))}"
+                         if gone else "")
+            raise CommTimeout(
+                f"{what}: member{'s' * (len(missing) > 1)} "
+                f"{', '.join(str(r) for r in missing)} did not answer before the deadline and "
+                f"{'are' if len(missing) > 1 else 'is'} not known to be dead (members that "
+                f"answered: {answered}{dead_text}). Every surviving member must make the "
+                f"same call; a process on another host that stopped answering is waited for, "
+                f"never dropped")
+        time.sleep(_POLLS[min(polls, len(_POLLS) - 1)])
+        polls += 1
+
+
+# -- newcomers --------------------------------------------------------------------
+
+TICKETS = "elastic/join/tickets"     # how many processes ever asked to join (1-based tickets)
+UPTO = "elastic/join/upto"           # the first ticket no admit has considered yet
+ENDED = "elastic/ended"              # a rank left the job normally: nobody will admit now
+
+
+def ticket_key(ticket):
+    return f"elastic/join/{ticket}"
+
+
+def admitted_key(ticket):
+    return f"elastic/join/{ticket}/admitted"
+
+
+def wait_to_join(store, timeout):
+    """A restarted process asks to join the job's store and waits for an admit.
+
+    Returns the admission record (a dict: name, size, rank, next_group_id)."""
+    ticket = store.add(TICKETS, 1)
+    store.set(ticket_key(ticket), identity())
+    key = admitted_key(ticket)
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while not store.check([key]):
+        if store.check([ENDED]) and not store.check([key]):
+            import sys
+            sys.stderr.write(f"accord: the job's ranks finished before this restarted process "
+                             f"(ticket {ticket}) was admitted; it exits with nothing to do\n")
+            raise SystemExit(0)
+        if time.monotonic() >= deadline:
+            raise CommTimeout(f"this restarted process (ticket {ticket}) was not admitted "
+                              f"within {timeout:g} s: the job's ranks let newcomers in only "
+                              f"when they call accord.admit()")
+        time.sleep(_POLLS[min(polls, len(_POLLS) - 1)] * 5)
+        polls += 1
+    return json.loads(store.get(key))
