@@ -73,8 +73,9 @@ def main():
         except (accord.PeerLost, accord.GroupClosed) as e:
             if recovering_since is None:
                 recovering_since = time.time()
-            print(f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
-                  flush=True)
+            said = str(e).splitlines()[0]
+            said = said if len(said) <= 90 else said[:87] + "..."
+            print(f"step {step}: {type(e).__name__}: {said}", flush=True)
             accord.shrink()
             # some survivors may have finished the failed step: take the new rank 0's state
             accord.broadcast_state(state, src=0)
