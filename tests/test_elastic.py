@@ -233,3 +233,40 @@ def test_keep_going_finishes_without_the_dead_rank():
     assert len(finals) == 3 and all("of 3" in f for f in finals), out
     assert len({line.split("final loss ")[1] for line in finals}) == 1, out
     assert "go on (--keep-going)" in out, out
+
+
+def _subgroup(rank, world):
+    sub = dist.new_group([1, 2, 3])
+    dist.barrier()
+    if rank == 3:
+        _die(0.05)
+        while True:
+            dist.all_reduce(np.ones(4), group=sub)
+    if rank != 0:
+        try:
+            while True:
+                dist.all_reduce(np.ones(4), group=sub)
+        except (dist.PeerLost, dist.GroupClosed):
+            pass
+    try:
+        dist.all_reduce(np.ones(4))
+    except (dist.PeerLost, dist.GroupClosed):
+        pass
+    dist.shrink(timeout=20)                  # the world first: ranks 0, 1, 2 stay 0, 1, 2
+    if rank == 0:
+        with pytest.raises(ValueError):
+            dist.shrink(sub)
+        return None
+    new_sub = dist.shrink(sub, timeout=20)
+    y = np.full(2, float(rank))
+    dist.all_reduce(y, group=new_sub)
+    return (dist.get_process_group_ranks(new_sub), dist.get_rank(new_sub),
+            dist.get_world_size(new_sub), y.tolist())
+
+
+def test_a_subgroup_is_rebuilt_with_shrink_of_it():
+    out = run_ranks(4, _subgroup, timeout=30, expect_fail=True)
+    assert out[3][0] == "died"
+    assert out[0] == ("ok", None), out[0]
+    assert out[1] == ("ok", ([1, 2], 0, 2, [3.0, 3.0])), out[1]
+    assert out[2] == ("ok", ([1, 2], 1, 2, [3.0, 3.0])), out[2]
