@@ -17,7 +17,8 @@ but every survivor sees the same result, whichever member proposed it.
 publishes its identity (boot id, pid namespace, pid, start time) when the group
 is made, and a member on the same host (the same kernel and pid namespace)
 reads /proc to tell whether that process still runs (a zombie counts as
-gone). A process that merely stopped answering is waited for until the
+gone). For a member on another host, `accord run --keep-going` (its launcher
+saw the process exit) marks it ended in the job's store. A process that merely stopped answering is waited for until the
 deadline and then named in a CommTimeout, never silently dropped: a rank
 judged dead while alive would go on as a group of its own.
 """
@@ -41,11 +42,14 @@ def _read(path):
 
 
 def _host():
+    """This host's identity: its kernel's boot id and this pid namespace (and
+    ACCORD_HOST_ID, with which tests simulate several hosts on one machine)."""
     try:
         ns = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         ns = 0
-    return f"{_read('/proc/sys/kernel/random/boot_id')}:{ns}"
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    return f"{boot}:{ns}:{os.environ.get('ACCORD_HOST_ID', '')}" if boot else ""
 
 
 def _start_time(pid):
@@ -61,14 +65,33 @@ def _start_time(pid):
         return None, None
 
 
-_HOST = _host()
-
-
 def identity(pid=None):
-    """This process's identity (or pid's, on this host), as published for its groups."""
+    """This process's identity, as published for its groups: host/pid/start/slot, where
+    slot is ACCORD_LAUNCH_SLOT (what `accord run` calls this process, "" without it)."""
     pid = os.getpid() if pid is None else pid
     start, _ = _start_time(pid)
-    return f"{_HOST}/{pid}/{start or '?'}"
+    return f"{_host()}/{pid}/{start or '?'}/{os.environ.get('ACCORD_LAUNCH_SLOT', '')}"
+
+
+def ended_key(slot):
+    """Where `accord run` marks that the process it calls slot has exited (the job's
+    store, unprefixed): how survivors on other hosts learn of a death."""
+    return f"accord/ended/{slot}"
+
+
+def _parse(ident):
+    if isinstance(ident, bytes):
+        ident = ident.decode("utf-8", "replace")
+    parts = ident.split("/")
+    if len(parts) == 3:
+        parts.append("")
+    if len(parts) != 4:
+        return None
+    host, pid, start, slot = parts
+    try:
+        return host, int(pid), start, slot
+    except ValueError:
+        return None
 
 
 def is_dead(ident):
@@ -76,14 +99,11 @@ def is_dead(ident):
     None when this host cannot tell (another host, or no identity)."""
     if not ident:
         return None
-    if isinstance(ident, bytes):
-        ident = ident.decode("utf-8", "replace")
-    try:
-        host, pid, start = ident.rsplit("/", 2)
-        pid = int(pid)
-    except ValueError:
+    parsed = _parse(ident)
+    if parsed is None:
         return None
-    if host != _HOST or not _HOST.split(":")[0]:
+    host, pid, start, _ = parsed
+    if not host or host != _host():
         return None
     now, state = _start_time(pid)
     if now is None or state in ("Z", "X", "x"):
@@ -102,7 +122,15 @@ def member_dead(store, group_name, group_rank):
     try:
         if not store.check([key]):
             return None
-        return is_dead(store.get(key))
+        ident = store.get(key)
+        dead = is_dead(ident)
+        if dead is None:
+            # another host: its launcher says when the process exited
+            parsed = _parse(ident)
+            base = getattr(store, "underlying_store", None)
+            if parsed and parsed[3] and base is not None and base.check([ended_key(parsed[3])]):
+                return True
+        return dead
     except Exception:
         return None
 

@@ -270,3 +270,43 @@ def test_a_subgroup_is_rebuilt_with_shrink_of_it():
     assert out[0] == ("ok", None), out[0]
     assert out[1] == ("ok", ([1, 2], 0, 2, [3.0, 3.0])), out[1]
     assert out[2] == ("ok", ([1, 2], 1, 2, [3.0, 3.0])), out[2]
+
+
+HOSTS_SCRIPT = """
+import os, signal, sys, time
+os.environ["ACCORD_HOST_ID"] = "host" + os.environ["RANK"]   # each rank a host of its own
+import numpy as np
+import accord as dist
+dist.init_process_group()
+dist.barrier()
+if dist.get_rank() == 2:
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    time.sleep(0.5)
+    dist.all_reduce(np.ones(4))
+except (dist.PeerLost, dist.GroupClosed):
+    pass
+t0 = time.monotonic()
+dist.shrink(timeout=15)
+y = np.full(2, float(dist.get_rank() + 1))
+dist.all_reduce(y)
+print("survived", dist.get_rank(), dist.get_world_size(), y.tolist(),
+      round(time.monotonic() - t0, 2), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_death_on_another_host_is_learnt_from_the_launcher(tmp_path):
+    # no survivor shares the dead rank's host: only the launcher's mark in the store
+    # tells that its process is gone
+    script = tmp_path / "hosts.py"
+    script.write_text(HOSTS_SCRIPT)
+    p = _accord_run(["-n", "3", "--keep-going", str(script)], 50)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    lines = sorted(line.split("] ", 1)[1] for line in p.stdout.splitlines() if "survived" in line)
+    assert [line.rsplit(" ", 1)[0] for line in lines] == [
+        "survived 0 2 [3.0, 3.0]", "survived 1 2 [3.0, 3.0]"], out
+    assert all(float(line.rsplit(" ", 1)[1]) < 10 for line in lines), out

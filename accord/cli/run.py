@@ -229,6 +229,7 @@ class _Rank:
     signalled: bool = False           # the launcher asked it to stop
     pumps: list = field(default_factory=list)     # threads passing on its stdout and stderr
     log: Optional[_output.RankLog] = None
+    slot: str = ""                    # ACCORD_LAUNCH_SLOT of its current process
 
     @property
     def pid(self):
@@ -256,6 +257,8 @@ class _Launcher:
         self.first_ok = None    # when a rank first exited 0 (--keep-going: the job is ending)
         self.late_failure = None    # a rank that failed after that
         self.lost = []          # ranks that failed and were not restarted (--keep-going)
+        self.store_address = ""     # the job's store, 'host:port'
+        self.client = None      # the launcher's own client of it (--keep-going)
 
     # -- store and environment
 
@@ -334,7 +337,11 @@ class _Launcher:
         cfg = self.config
         env = dict(base_env)
         env.update({"RANK": str(rank.rank), "LOCAL_RANK": str(rank.local_rank),
-                    "ROLE_RANK": str(rank.rank)})
+                    "ROLE_RANK": str(rank.rank),
+                    # what the launcher calls this process: survivors on other hosts learn
+                    # from the store that it ended (accord/membership.py)
+                    "ACCORD_LAUNCH_SLOT": f"{rank.rank}.{env.get('ACCORD_RESTART_COUNT', '0')}"})
+        rank.slot = env["ACCORD_LAUNCH_SLOT"]
         cmd = [sys.executable, _CHILD, rank.error_file, str(os.getpid()),
                "module" if cfg.module else "script", cfg.target, *cfg.args]
         if cfg.log_dir and rank.log is None:
@@ -412,6 +419,7 @@ class _Launcher:
                 try:
                     store_address = self._start_store()
                     env = self.env = self._base_env(store_address)
+                    self.store_address = store_address
                 except (RuntimeError, OSError) as exc:
                     _say(f"error: {exc}")
                     return 1
@@ -449,6 +457,12 @@ class _Launcher:
                 pump.join(max(0.0, deadline - time.monotonic()))
 
     def _close_store(self, ok):
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+            self.client = None
         if self.store is None:
             return
         try:
@@ -491,6 +505,7 @@ class _Launcher:
                 rank.ended = time.time()
                 pending.discard(id(rank))
                 if (cfg.keep_going or cfg.max_restarts) and not stopping:
+                    self._mark_ended(rank)
                     if self._keep_going(rank, pending):
                         continue
                 elif rank.returncode != 0 and not stopping:
@@ -541,6 +556,24 @@ class _Launcher:
         return 0
 
     # -- --keep-going and --max-restarts
+
+    def _mark_ended(self, rank):
+        """Tell the job's store that this rank's process has exited: the survivors'
+        accord.shrink on other hosts, which cannot look at this host's processes,
+        count it dead from this."""
+        slot = rank.slot
+        if not slot or not self.store_address:
+            return
+        try:
+            if self.client is None:
+                from accord.tcpstore import TCPStore
+                host, _, port = self.store_address.rpartition(":")
+                self.client = TCPStore(host, int(port), is_master=False, timeout=5.0,
+                                       token=self.token)
+            from accord.membership import ended_key
+            self.client.set(ended_key(slot), b"1")
+        except Exception as exc:      # the survivors on this host can still tell
+            _say(f"warning: cannot mark rank {rank.rank} ended in the store: {exc}")
 
     def _keep_going(self, rank, pending):
         """A rank exited under --keep-going: note it, restart it if restarts are left.
