@@ -310,3 +310,57 @@ def test_a_death_on_another_host_is_learnt_from_the_launcher(tmp_path):
     assert [line.rsplit(" ", 1)[0] for line in lines] == [
         "survived 0 2 [3.0, 3.0]", "survived 1 2 [3.0, 3.0]"], out
     assert all(float(line.rsplit(" ", 1)[1]) < 10 for line in lines), out
+
+
+LATE_FAILURE = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    time.sleep(0.5)
+    sys.exit(3)
+"""
+
+ALL_FAIL = """
+import os, sys, time
+time.sleep(0.2 * int(os.environ["RANK"]))
+sys.exit(4 + int(os.environ["RANK"]))
+"""
+
+LATE_NEWCOMER = """
+import os, signal, time
+import numpy as np
+import accord as dist
+dist.init_process_group()
+if int(os.environ["ACCORD_RESTART_COUNT"]) > 0:
+    raise SystemExit("admitted, but nobody calls admit in this script")
+if dist.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    dist.all_reduce(np.ones(4))
+except (dist.PeerLost, dist.GroupClosed):
+    dist.shrink(timeout=15)
+print("finished at world", dist.get_world_size(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("script,status", [(LATE_FAILURE, 3), (ALL_FAIL, 4)],
+                         ids=["late-failure", "all-fail"])
+def test_keep_going_fails_the_job_when_a_rank_fails_at_its_end(tmp_path, script, status):
+    # a rank that fails after another finished, or a job where none finishes, fails
+    # (with the status of the rank at fault: the first to fail on its own)
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    p = _accord_run(["-n", "2", "--keep-going", str(path)], 50)
+    assert p.returncode == status, p.stdout + p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_restart_that_comes_after_the_end_exits_cleanly(tmp_path):
+    path = tmp_path / "job.py"
+    path.write_text(LATE_NEWCOMER)
+    p = _accord_run(["-n", "2", "--max-restarts", "1", str(path)], 50)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "finished at world 1" in out and "restarting it" in out, out
+    assert "finished before this restarted process" in out, out

@@ -26,6 +26,14 @@ other rank. It exits with that rank's exit status (128 + signal number for a
 signal). SIGINT, SIGTERM and SIGHUP sent to the
 launcher are forwarded to the ranks the same way. The launcher never waits on
 a rank that will not die.
+
+With --keep-going a failing rank does not stop the others (they call
+accord.shrink and go on), and the launcher marks its process ended in the
+store, for survivors on other hosts; --max-restarts N also restarts it, up
+to N times in all, with ACCORD_RESTART_COUNT set (its init_process_group()
+waits for accord.admit). Such a job exits 0 when every rank still in it at
+its end exits 0: a rank that fails once another has finished, or a job where
+no rank finishes, fails it as without --keep-going.
 """
 import argparse
 import json
@@ -606,8 +614,9 @@ class _Launcher:
             pending.add(id(rank))
             return True
         others = len(self._alive())
-        _say(f"rank {rank.rank} {describe_status(rank.returncode)}; the other {others} "
-             f"rank{'s' * (others != 1)} go on (--keep-going)")
+        _say(f"rank {rank.rank} {describe_status(rank.returncode)}; " +
+             (f"the other {others} rank{'s' * (others != 1)} go on (--keep-going)" if others
+              else "no rank is left"))
         self.lost.append(rank)
         return True
 
