@@ -20,10 +20,14 @@ import weakref
 from typing import Optional
 
 from . import membership, world
-from .errors import GroupClosed, PeerLost
+from .errors import CommTimeout, GroupClosed, PeerLost
 from .group import ProcessGroup
 from .options import to_seconds
 from ._types import Timeout
+
+# the longest a shrunk group may take to connect before shrink asks whether a member
+# died meanwhile (seconds; connecting takes milliseconds when every member is there)
+CONNECT_S = 10.0
 
 # how many agree()/admit() calls each group has made (every member makes the same ones)
 _calls = weakref.WeakKeyDictionary()
@@ -112,11 +116,19 @@ def shrink(group: Optional[ProcessGroup] = None, timeout: Timeout = None) -> Pro
     is_default = w is not None and g is w.default
     while True:
         result, ranks, me = decide_survivors(g, w, deadline)
+        name = result["name"]
+        for r, ident in enumerate(result["ids"]):
+            # every survivor's identity under the new name before any connects: one that
+            # dies before it gets there is still known dead there
+            g.store.set(membership.proc_key(name, r), ident)
         left = max(0.5, deadline - time.monotonic())
         try:
-            new = world.make_member_group(result["name"], ranks, me, g.store, g.addr, left,
-                                          g.options)
-        except (PeerLost, GroupClosed):
+            new = world.make_member_group(name, ranks, me, g.store, g.addr,
+                                          min(left, CONNECT_S), g.options)
+        except (PeerLost, GroupClosed, CommTimeout):
+            if not any(membership.member_dead(g.store, name, r)
+                       for r in range(len(result["ids"]))):
+                raise
             # a survivor died after it answered, and the new group could not connect:
             # shrink that one in turn (it has a name, a store and its members'
             # identities, but no links)
@@ -140,11 +152,14 @@ def decide_survivors(g, w, deadline):
 
     def propose(vals):
         alive = sorted(vals)
+        vals = {r: json.loads(v) for r, v in vals.items()}
         return json.dumps({"name": _new_name(g), "alive": alive,
-                           "world": [int(vals[r]) for r in alive]}).encode()
+                           "world": [vals[r]["world"] for r in alive],
+                           "ids": [vals[r]["id"] for r in alive]}).encode()
 
-    out = membership.decide(g.store, f"{g.name}/shrink", g.size, g.rank,
-                            str(_world_rank(g, w)).encode(), _dead_fn(g), propose, deadline,
+    mine = json.dumps({"world": _world_rank(g, w), "id": membership.identity()}).encode()
+    out = membership.decide(g.store, f"{g.name}/shrink", g.size, g.rank, mine,
+                            _dead_fn(g), propose, deadline,
                             f"rank {g.global_rank}: accord.shrink of group {g.name!r}")
     result = json.loads(out)
     alive = result["alive"]

@@ -226,3 +226,41 @@ def wait_to_join(store, timeout):
         time.sleep(_POLLS[min(polls, len(_POLLS) - 1)] * 5)
         polls += 1
     return json.loads(store.get(key))
+
+
+class Watchful:
+    """A store seen by a group being connected whose members may die meanwhile.
+
+    Connecting a group waits in the store for every member's address; a member
+    that died before it wrote its own would be waited for until the store's
+    timeout. Here every wait and blocking get looks, while it waits, at whether
+    a member of the group is dead (member_dead) and raises PeerLost naming it,
+    so a shrink can go on without it at once. Everything else is the store's.
+    """
+
+    def __init__(self, store, group_name, size, deadline):
+        self._s, self._name, self._size, self._deadline = store, group_name, size, deadline
+
+    def __getattr__(self, attr):
+        return getattr(self._s, attr)
+
+    def _watch(self, keys):
+        polls = 0
+        while not self._s.check(keys):
+            for r in range(self._size):
+                if member_dead(self._s, self._name, r):
+                    from .errors import PeerLost
+                    raise PeerLost(f"member {r} of group {self._name!r} died while the group "
+                                   f"was being connected", peer=r)
+            if time.monotonic() >= self._deadline:
+                raise CommTimeout(f"group {self._name!r}: keys {keys[:3]} did not appear in "
+                                  f"the store before the deadline")
+            time.sleep(_POLLS[min(polls, len(_POLLS) - 1)])
+            polls += 1
+
+    def wait(self, keys, timeout=None):
+        self._watch([keys] if isinstance(keys, str) else list(keys))
+
+    def get(self, key, timeout=None):
+        self._watch([key])
+        return self._s.get(key)

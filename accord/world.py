@@ -212,9 +212,13 @@ def current_world():
 def make_member_group(name, ranks, global_rank, store, addr, timeout, options):
     """A connected member group under `name`, over `store` (elastic.py's new groups);
     on a failure to connect, its peers hear of it and what was made is closed."""
+    import time
     g = ProcessGroup(name, ranks, global_rank, timeout=timeout, options=options)
     try:
-        connect(g, store, addr, timeout)
+        # waits for peers' addresses end at once if one of them is dead
+        connect(g, membership.Watchful(store, name, len(g.ranks), time.monotonic() + timeout),
+                addr, timeout)
+        g.store = store
     except BaseException:
         g.revoke(PeerLost(f"rank {global_rank}: group {name!r} could not be connected"))
         try:

@@ -364,3 +364,37 @@ def test_a_restart_that_comes_after_the_end_exits_cleanly(tmp_path):
     assert p.returncode == 0, out
     assert "finished at world 1" in out and "restarting it" in out, out
     assert "finished before this restarted process" in out, out
+
+
+def _die_in_recovery(rank, world, delay):
+    dist.barrier()
+    if rank == 3:
+        _die()
+    try:
+        time.sleep(0.3)
+        dist.all_reduce(np.ones(4))
+    except (dist.PeerLost, dist.GroupClosed):
+        pass
+    if rank == 2:
+        _die(delay)                  # a second death, somewhere inside the recovery
+    shrunk = False
+    while True:
+        try:
+            if not shrunk:
+                dist.shrink(timeout=25)
+                shrunk = True
+            y = np.full(3, float(rank + 1))
+            dist.all_reduce(y)
+            time.sleep(0.4)          # rank 2 is dead by now, wherever it died
+            dist.barrier()
+            return dist.get_rank(), dist.get_world_size(), y.tolist()
+        except (dist.PeerLost, dist.GroupClosed):
+            shrunk = False
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.03, 0.1])
+def test_a_second_death_during_the_recovery(delay):
+    out = run_ranks(4, _die_in_recovery, delay, timeout=40, expect_fail=True)
+    assert out[3][0] == "died" and out[2][0] == "died", out
+    assert out[0] == ("ok", (0, 2, [3.0] * 3)), out[0]
+    assert out[1] == ("ok", (1, 2, [3.0] * 3)), out[1]
