@@ -241,6 +241,9 @@ def admit(group: Optional[ProcessGroup] = None, timeout: Timeout = 0) -> Process
     Raises:
         accord.CommTimeout: a live member did not call admit within the group's
             timeout.
+        accord.PeerLost: a member or a newcomer died while the new group was
+            being connected; the old group is still the default group (shrink it
+            if a member died, or call admit again).
         ValueError: group is not the default group.
 
     torch has no equivalent (torchrun restarts every rank instead); torchft's
@@ -262,7 +265,8 @@ def admit(group: Optional[ProcessGroup] = None, timeout: Timeout = 0) -> Process
         time.sleep(0.05)
 
     def propose(vals):
-        last = max(json.loads(v)["tickets"] for v in vals.values())
+        contributions = {r: json.loads(v) for r, v in vals.items()}
+        last = max(c["tickets"] for c in contributions.values())
         new = []
         for t in range(upto, last + 1):
             key = membership.ticket_key(t)
@@ -272,13 +276,16 @@ def admit(group: Optional[ProcessGroup] = None, timeout: Timeout = 0) -> Process
             if store.check([key]) and membership.is_dead(store.get(key)) is not True:
                 new.append(t)
         alive = sorted(vals)
+        ids = [contributions[r]["id"] for r in alive] + [
+            store.get(membership.ticket_key(t)).decode() for t in new]
         same = not new and len(alive) == g.size
         return json.dumps({"same": same, "upto": last + 1, "alive": alive, "new": new,
                            "name": None if same else _new_name(g),
-                           "next_group_id": w.next_group_id}).encode()
+                           "next_group_id": w.next_group_id, "ids": ids}).encode()
 
     out = membership.decide(store, f"{g.name}/admit/{n}", g.size, g.rank,
-                            json.dumps({"tickets": tickets}).encode(), _dead_fn(g), propose,
+                            json.dumps({"tickets": tickets, "id": membership.identity()}).encode(),
+                            _dead_fn(g), propose,
                             deadline, f"rank {g.global_rank}: accord.admit #{n} on group "
                                       f"{g.name!r}")
     result = json.loads(out)
@@ -290,6 +297,10 @@ def admit(group: Optional[ProcessGroup] = None, timeout: Timeout = 0) -> Process
         raise PeerLost(f"rank {g.global_rank}: the other members of group {g.name!r} "
                        f"judged this rank dead and went on without it")
     size = len(alive) + len(new)
+    for r, ident in enumerate(result["ids"]):
+        # known before anyone connects: a member or newcomer that dies first stops the
+        # connection at once (PeerLost; the old group is then still this rank's)
+        store.set(membership.proc_key(result["name"], r), ident)
     for i, t in enumerate(new):
         store.set(membership.admitted_key(t), json.dumps(
             {"name": result["name"], "size": size, "rank": len(alive) + i,

@@ -196,9 +196,13 @@ def _join(options, raw, world_size, addr, timeout):
     record = membership.wait_to_join(store, timeout)
     w = _World(options, store, raw, record["rank"], record["size"], addr, timeout)
     w.next_group_id = record["next_group_id"]
+    import time
     g = ProcessGroup(record["name"], range(record["size"]), record["rank"], timeout=timeout,
                      options=options)
-    connect(g, store, addr, timeout)
+    # a member that dies meanwhile ends the wait for its address at once
+    connect(g, membership.Watchful(store, g.name, g.size, time.monotonic() + timeout), addr,
+            timeout)
+    g.store = store
     w.groups.append(g)
     w.default = g
     return w
