@@ -84,7 +84,8 @@ def main():
             try:
                 with open(death_file()) as f:
                     died = float(f.read())
-                took = f"{time.time() - died:.2f} s after the death"
+                took = (f"{time.time() - died:.2f} s after the death (PeerLost came "
+                        f"{recovering_since - died:.2f} s after it)")
             except (OSError, ValueError):
                 took = f"{time.time() - recovering_since:.2f} s after PeerLost"
             print(f"recovered: world {size} (rank {rank}), first all_reduce of the new group "
