@@ -398,3 +398,29 @@ def test_a_second_death_during_the_recovery(delay):
     assert out[3][0] == "died" and out[2][0] == "died", out
     assert out[0] == ("ok", (0, 2, [3.0] * 3)), out[0]
     assert out[1] == ("ok", (1, 2, [3.0] * 3)), out[1]
+
+
+def _dead_newcomer(rank, world, newcomer_env):
+    proc = None
+    if rank == 0:
+        env = dict(os.environ, **newcomer_env)
+        proc = subprocess.Popen([sys.executable, "-c", NEWCOMER], env=env,
+                                stdout=subprocess.DEVNULL)
+    dist.barrier()
+    time.sleep(3)                    # it has taken its ticket and waits by now
+    if proc is not None:
+        proc.kill()
+        proc.wait()
+    dist.barrier()
+    from accord import membership, world
+    tickets = world.current_world().store.add(membership.TICKETS, 0)
+    before = dist.get_world_size()
+    dist.admit(timeout=0)            # a dead newcomer is not let in
+    x = np.ones(2)
+    dist.all_reduce(x)
+    return tickets, before, dist.get_world_size(), x.tolist()
+
+
+def test_admit_leaves_out_a_newcomer_that_died_waiting():
+    out = run_ranks(2, _dead_newcomer, {"ACCORD_RESTART_COUNT": "1"}, timeout=30)
+    assert out == [(1, 2, 2, [2.0, 2.0])] * 2      # it took a ticket, and was left out
