@@ -11,8 +11,8 @@ them.
 
 The decisions are the store's (compare_set): whichever survivor proposes the
 result first, every survivor gets that one, so every survivor builds the same
-group with the same ranks, and the collectives of the new group give
-bit-identical results on every rank as those of any group do.
+group with the same ranks (tests/test_elastic.py checks that an all_reduce of
+the new group gives the same bytes on every survivor).
 """
 import json
 import time
