@@ -66,6 +66,20 @@ def _dead_fn(g):
     return dead
 
 
+def _forget_decision(g, key, n):
+    """Delete this member's keys of decision n - 1 once decision n is done: every live
+    member has read n - 1's result by then (it answered n after it), so a job that
+    agrees every step does not grow the store by a few keys a step."""
+    if n < 1:
+        return
+    old = f"{key}/{n - 1}"
+    try:
+        g.store.delete_key(f"{old}/in/{g.rank}")
+        g.store.delete_key(f"{old}/out")
+    except Exception:           # a store without delete_key keeps them
+        pass
+
+
 def _new_name(g):
     base = g.name.split("@", 1)[0]
     return f"{base}@{g.store.add('elastic/generation', 1)}"
@@ -214,6 +228,7 @@ def agree(flag: bool, group: Optional[ProcessGroup] = None, timeout: Timeout = N
                             lambda vals: b"1" if all(v == b"1" for v in vals.values()) else b"0",
                             deadline, f"rank {g.global_rank}: accord.agree #{n} on group "
                                       f"{g.name!r}")
+    _forget_decision(g, f"{g.name}/agree", n)
     return out == b"1"
 
 
@@ -290,6 +305,7 @@ def admit(group: Optional[ProcessGroup] = None, timeout: Timeout = 0) -> Process
                                       f"{g.name!r}")
     result = json.loads(out)
     store.set(membership.UPTO, str(result["upto"]))
+    _forget_decision(g, f"{g.name}/admit", n)
     if result["same"]:
         return g
     alive, new = result["alive"], result["new"]
