@@ -424,3 +424,36 @@ def _dead_newcomer(rank, world, newcomer_env):
 def test_admit_leaves_out_a_newcomer_that_died_waiting():
     out = run_ranks(2, _dead_newcomer, {"ACCORD_RESTART_COUNT": "1"}, timeout=30)
     assert out == [(1, 2, 2, [2.0, 2.0])] * 2      # it took a ticket, and was left out
+
+
+def _hier_survive(rank, world, layout):
+    os.environ["ACCORD_HOST_ID"] = layout[rank]
+    dist.init_process_group()
+    dist.barrier()
+    if rank == 3:
+        _die(0.05)
+        while True:
+            dist.all_reduce(np.ones(1 << 16, np.float32))
+    try:
+        while True:
+            dist.all_reduce(np.ones(1 << 16, np.float32))
+    except (dist.PeerLost, dist.GroupClosed):
+        pass
+    dist.shrink(timeout=20)
+    y = _data(rank)
+    dist.all_reduce(y)
+    out = dist.get_rank(), dist.get_world_size(), y.tobytes()
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_group_spanning_simulated_hosts_shrinks():
+    # two hosts of two ranks (shared memory inside each, TCP between); a rank of the
+    # second host dies, and the survivor on its host is the witness
+    layout = ["hostA", "hostA", "hostB", "hostB"]
+    out = run_ranks(4, _hier_survive, layout, init=False, timeout=30, expect_fail=True)
+    assert out[3][0] == "died", out[3]
+    res = [out[r] for r in range(3)]
+    assert all(k == "ok" for k, _ in res), res
+    assert [p[:2] for _, p in res] == [(0, 3), (1, 3), (2, 3)]
+    assert len({p[2] for _, p in res}) == 1
