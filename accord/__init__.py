@@ -12,6 +12,7 @@ from .api import (
 )
 # broadcast, all_reduce and reduce are the api's, routed through an open coalescing() block
 from .coalescing import all_reduce, broadcast, coalescing, reduce
+from .elastic import admit, agree, shrink
 from .errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
 from .group import ProcessGroup
 from .monitored import monitored_barrier
@@ -36,7 +37,7 @@ __all__ = [
     "barrier", "monitored_barrier", "send", "recv", "isend", "irecv", "P2POp",
     "batch_isend_irecv",
     "broadcast_object_list", "all_gather_object", "scatter_object_list", "gather_object",
-    "broadcast_state", "coalescing",
+    "broadcast_state", "coalescing", "shrink", "agree", "admit",
     "ReduceOp", "Work", "ProcessGroup",
     "AccordError", "CommTimeout", "PeerLost", "Desync", "GroupClosed",
 ]

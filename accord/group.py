@@ -351,6 +351,20 @@ class ProcessGroup:
                 return new
         return e
 
+    @property
+    def broken_by(self):
+        """The error that broke or closed the group, None while it is usable."""
+        return self._closed
+
+    def revoke(self, exc):
+        """Break the group on purpose (ULFM's revoke): peers blocked in it hear exc.
+        A group whose transports were never made is only marked closed."""
+        if self.transport is None:
+            if self._closed is None:
+                self._closed = exc
+            return
+        self._break(exc)
+
     def _break(self, exc):
         """A failed collective leaves the stream inconsistent: stop the group everywhere."""
         if self._closed is None:

@@ -53,7 +53,7 @@ from .rendezvous.torchelastic import agent_store   # in __all__: its old home
 from .rendezvous.torchelastic import attempt_store
 
 __all__ = ["AccordProcessGroup", "AccordWork", "agent_store", "BACKEND_NAME", "create_group",
-           "default_group", "monitored_barrier"]
+           "default_group", "monitored_barrier", "shrink"]
 
 BACKEND_NAME = "accord"
 
@@ -832,6 +832,46 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False) -> None:
             raise ValueError("monitored_barrier: torch's default group does not run on "
                              "backend 'accord'")
     run(group, timeout, wait_all_ranks)
+
+
+def shrink(timeout=None) -> None:
+    """Replace torch's default group (backend "accord") by one of the live ranks.
+
+    accord.shrink for torch programs: called by every survivor after a call
+    failed with accord.PeerLost (or GroupClosed because of one). The survivors
+    agree through the default group's store on who is alive (as accord.shrink
+    does), then torch's default group is destroyed and a new one made with
+    `torch.distributed.init_process_group("accord", store=..., rank=...,
+    world_size=...)`: `dist.get_rank()`/`dist.get_world_size()` describe the
+    survivors, ranked in their old order, and torch's own calls use it.
+
+    Every other torch group (new_group, DeviceMesh, DDP's and FSDP's) is
+    destroyed with the default group, as torch's destroy_process_group does:
+    the program makes them again (wrap the model in a new DDP, for instance).
+    The store must outlive the dead rank (torchrun's agent store does; with a
+    plain env:// rendezvous rank 0 hosts it).
+
+    Raises:
+        ValueError: torch's default group does not run on backend "accord".
+        accord.CommTimeout: the survivors did not all answer within the timeout
+            (default: the group's), naming the members that did not.
+    """
+    import time
+    from . import elastic
+    pg = default_group()
+    if pg is None:
+        raise ValueError("accord.torch.shrink: torch's default group does not run on "
+                         "backend 'accord'")
+    g = pg.accord_group
+    seconds = to_seconds(timeout) or g.timeout
+    result, _, _ = elastic.decide_survivors(g, None, time.monotonic() + seconds)
+    alive = result["alive"]
+    new_rank, store = alive.index(g.rank), g.store
+    dist.destroy_process_group()
+    dist.init_process_group(BACKEND_NAME, store=dist.PrefixStore(f"accord/{result['name']}",
+                                                                   store),
+                            rank=new_rank, world_size=len(alive),
+                            timeout=datetime.timedelta(seconds=g.timeout))
 
 
 # -- registration ----------------------------------------------------------------

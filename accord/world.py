@@ -18,7 +18,7 @@ import threading
 import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
-from . import debug, hierarchy, rendezvous
+from . import debug, hierarchy, membership, rendezvous
 from .errors import AccordError, Desync, GroupClosed, PeerLost
 from .group import ProcessGroup
 from .options import Options, to_seconds
@@ -65,7 +65,11 @@ def connect(g, store, addr, timeout, p2p=True):
     carry collectives only)."""
     import time
     g.store = store         # debug/monitor.py publishes this rank's position there
+    g.addr = addr           # where a group shrunk from this one connects (elastic.py)
     deadline = time.monotonic() + timeout
+    if p2p:
+        # who this member is, so survivors can tell it died (membership.py)
+        store.set(membership.proc_key(g.name, g.rank), membership.identity())
     # shared memory when every member shares this host, TCP otherwise (transport/factory.py)
     g.transport = build_transport(store, g.name, g.rank, g.size, g.describe_rank, g.options,
                                   addr, deadline)
@@ -158,16 +162,95 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         rank, world_size = rendezvous.rank_and_size(rank, world_size)
         raw = rendezvous.make_store(init_method, rank, world_size, timeout,
                                     options.launcher_store_addr)
-    prefixed = rendezvous.job_prefix(raw, world_size)
-    w = _World(options, prefixed, raw, rank, world_size, addr, timeout)
+    restart = _restart_count()
     try:
-        w.default = _build_group(w, "default", range(world_size), timeout)
+        if restart and store is None:
+            w = _join(options, raw, world_size, addr, timeout)
+        else:
+            prefixed = rendezvous.job_prefix(raw, world_size)
+            w = _World(options, prefixed, raw, rank, world_size, addr, timeout)
+            w.default = _build_group(w, "default", range(world_size), timeout)
     except BaseException:
         if store is None:
             raw.close()
         raise
     w.owns_store = store is None
     _world = w
+
+
+def _restart_count():
+    import os
+    value = os.environ.get("ACCORD_RESTART_COUNT", "").strip()
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        raise ValueError(f"ACCORD_RESTART_COUNT={value!r} is not an integer") from None
+
+
+def _join(options, raw, world_size, addr, timeout):
+    """A restarted process (ACCORD_RESTART_COUNT > 0): wait until the running job's
+    ranks admit it (accord.admit), then connect to the group they made with it."""
+    from .store import PrefixStore
+    # the generation the job's first processes made (rendezvous.job_prefix), not a new one
+    generation = max(0, raw.add("accord/init", 0) - 1) // world_size
+    store = PrefixStore(f"accord/{generation}", raw)
+    record = membership.wait_to_join(store, timeout)
+    w = _World(options, store, raw, record["rank"], record["size"], addr, timeout)
+    w.next_group_id = record["next_group_id"]
+    import time
+    g = ProcessGroup(record["name"], range(record["size"]), record["rank"], timeout=timeout,
+                     options=options)
+    # a member that dies meanwhile ends the wait for its address at once
+    connect(g, membership.Watchful(store, g.name, g.size, time.monotonic() + timeout), addr,
+            timeout)
+    g.store = store
+    w.groups.append(g)
+    w.default = g
+    return w
+
+
+def current_world():
+    """What init_process_group established (ValueError before it): for elastic.py."""
+    return _require_world()
+
+
+def make_member_group(name, ranks, global_rank, store, addr, timeout, options):
+    """A connected member group under `name`, over `store` (elastic.py's new groups);
+    on a failure to connect, its peers hear of it and what was made is closed."""
+    import time
+    g = ProcessGroup(name, ranks, global_rank, timeout=timeout, options=options)
+    try:
+        # waits for peers' addresses end at once if one of them is dead
+        connect(g, membership.Watchful(store, name, len(g.ranks), time.monotonic() + timeout),
+                addr, timeout)
+        g.store = store
+    except BaseException:
+        g.revoke(PeerLost(f"rank {global_rank}: group {name!r} could not be connected"))
+        try:
+            g.destroy(check=False)
+        except Exception:
+            pass
+        raise
+    return g
+
+
+def replace_default(w, g):
+    """Make member group g the world's default group: get_rank()/get_world_size() and
+    calls without group= then use it (accord.shrink/admit on the default group)."""
+    with w.lock:
+        w.default = g
+        w.rank = g.rank
+        w.size = g.size
+
+
+def forget_group(w, g):
+    """Leave g (broken or replaced) without checking for unread messages."""
+    if w is not None and g in w.groups:
+        w.groups.remove(g)
+    try:
+        g.destroy(check=False)
+    except Exception:
+        pass
 
 
 def _master_host(init_method):
@@ -278,6 +361,11 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         group.destroy()
         return
     first = None
+    if w.default is not None and w.default.broken_by is None:
+        try:        # a restarted process still waiting to be admitted need not wait
+            w.store.set(membership.ENDED, b"1")
+        except Exception:
+            pass
     # after an error, messages left unread elsewhere are its echo, not news
     failed = [g._closed for g in w.groups
               if g._closed is not None and not isinstance(g._closed, GroupClosed)]

@@ -26,6 +26,14 @@ other rank. It exits with that rank's exit status (128 + signal number for a
 signal). SIGINT, SIGTERM and SIGHUP sent to the
 launcher are forwarded to the ranks the same way. The launcher never waits on
 a rank that will not die.
+
+With --keep-going a failing rank does not stop the others (they call
+accord.shrink and go on), and the launcher marks its process ended in the
+store, for survivors on other hosts; --max-restarts N also restarts it, up
+to N times in all, with ACCORD_RESTART_COUNT set (its init_process_group()
+waits for accord.admit). Such a job exits 0 when every rank still in it at
+its end exits 0: a rank that fails once another has finished, or a job where
+no rank finishes, fails it as without --keep-going.
 """
 import argparse
 import json
@@ -75,6 +83,8 @@ class LaunchConfig:
     extra_env: dict = field(default_factory=dict)
     prefix: bool = True               # "[rank N] " before every line of a rank's output
     log_dir: Optional[str] = None     # also write each rank's lines to LOG_DIR/rank-N.log
+    keep_going: bool = False          # a failing rank does not stop the others
+    max_restarts: int = 0             # restart failed ranks' processes, this many times in all
 
     @property
     def world_size(self):
@@ -97,6 +107,8 @@ class LaunchConfig:
             if self.master_addr in _LOOPBACK:
                 raise ValueError("--master-addr must be node 0's address, reachable from every "
                                  f"node, with --nnodes > 1 (got {self.master_addr!r})")
+        if self.max_restarts < 0:
+            raise ValueError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if not self.grace >= 0:
             raise ValueError(f"--grace must be >= 0 seconds, got {self.grace}")
         if not self.module and not os.path.isfile(self.target):
@@ -136,6 +148,15 @@ def add_arguments(parser):
     parser.add_argument("--log-dir", dest="log_dir", default=None, metavar="DIR",
                         help="also write each rank's output (stdout and stderr, no prefix) "
                              "to DIR/rank-N.log, and its full traceback if it fails")
+    parser.add_argument("--keep-going", dest="keep_going", action="store_true",
+                        help="a rank that fails does not stop the others (they call "
+                             "accord.shrink and go on); exit 0 when every rank still in the "
+                             "job at its end exits 0")
+    parser.add_argument("--max-restarts", dest="max_restarts", type=int, default=0,
+                        metavar="N",
+                        help="implies --keep-going; restart a failed rank's process, up to N "
+                             "times in all, with ACCORD_RESTART_COUNT set: its "
+                             "init_process_group() waits until the ranks call accord.admit()")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a module (python -m), not a script file")
     parser.add_argument("target", metavar="script.py|module",
@@ -150,7 +171,8 @@ def config_from_args(args):
                         node_rank=args.node_rank, master_addr=args.master_addr,
                         master_port=args.master_port, store_port=args.store_port,
                         launcher_store=args.launcher_store, module=args.module,
-                        grace=args.grace, prefix=args.prefix, log_dir=args.log_dir)
+                        grace=args.grace, prefix=args.prefix, log_dir=args.log_dir,
+                        keep_going=args.keep_going, max_restarts=args.max_restarts)
 
 
 def main(args):
@@ -215,6 +237,7 @@ class _Rank:
     signalled: bool = False           # the launcher asked it to stop
     pumps: list = field(default_factory=list)     # threads passing on its stdout and stderr
     log: Optional[_output.RankLog] = None
+    slot: str = ""                    # ACCORD_LAUNCH_SLOT of its current process
 
     @property
     def pid(self):
@@ -237,6 +260,13 @@ class _Launcher:
         self.events = queue.SimpleQueue()   # ("exit", rank) / ("signal", signum); put() is reentrant
         self.store = None
         self.token = ""         # the store's shared secret, passed to the ranks
+        self.env = None         # the ranks' environment (a restart is spawned with it)
+        self.restarts = 0       # restarts made so far (--max-restarts)
+        self.first_ok = None    # when a rank first exited 0 (--keep-going: the job is ending)
+        self.late_failure = None    # a rank that failed after that
+        self.lost = []          # ranks that failed and were not restarted (--keep-going)
+        self.store_address = ""     # the job's store, 'host:port'
+        self.client = None      # the launcher's own client of it (--keep-going)
 
     # -- store and environment
 
@@ -293,6 +323,8 @@ class _Launcher:
             "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0",
             "PYTHONUNBUFFERED": "1",
+            "ACCORD_RESTART_COUNT": "0",
+            "ACCORD_MAX_RESTARTS": str(cfg.max_restarts),
         })
         if cfg.nproc_per_node > 1:
             # as torchrun does: N ranks each running a full-width thread pool oversubscribe
@@ -312,7 +344,11 @@ class _Launcher:
         cfg = self.config
         env = dict(base_env)
         env.update({"RANK": str(rank.rank), "LOCAL_RANK": str(rank.local_rank),
-                    "ROLE_RANK": str(rank.rank)})
+                    "ROLE_RANK": str(rank.rank),
+                    # what the launcher calls this process: survivors on other hosts learn
+                    # from the store that it ended (accord/membership.py)
+                    "ACCORD_LAUNCH_SLOT": f"{rank.rank}.{env.get('ACCORD_RESTART_COUNT', '0')}"})
+        rank.slot = env["ACCORD_LAUNCH_SLOT"]
         cmd = [sys.executable, _CHILD, rank.error_file, str(os.getpid()),
                "module" if cfg.module else "script", cfg.target, *cfg.args]
         if cfg.log_dir and rank.log is None:
@@ -389,7 +425,8 @@ class _Launcher:
             with tempfile.TemporaryDirectory(prefix="accord-run-") as tmp:
                 try:
                     store_address = self._start_store()
-                    env = self._base_env(store_address)
+                    env = self.env = self._base_env(store_address)
+                    self.store_address = store_address
                 except (RuntimeError, OSError, ValueError) as exc:
                     _say(f"error: {exc}")
                     return 1
@@ -427,6 +464,12 @@ class _Launcher:
                 pump.join(max(0.0, deadline - time.monotonic()))
 
     def _close_store(self, ok):
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+            self.client = None
         if self.store is None:
             return
         try:
@@ -468,7 +511,11 @@ class _Launcher:
                 rank.returncode = rank.proc.returncode
                 rank.ended = time.time()
                 pending.discard(id(rank))
-                if rank.returncode != 0 and not stopping:
+                if (cfg.keep_going or cfg.max_restarts) and not stopping:
+                    self._mark_ended(rank)
+                    if self._keep_going(rank, pending):
+                        continue
+                elif rank.returncode != 0 and not stopping:
                     failure = rank
                     stopping = True
                     others = len(self._alive())
@@ -505,6 +552,8 @@ class _Launcher:
                      + " that survived SIGKILL")
                 break
         self._drain()
+        if failure is None and (cfg.keep_going or cfg.max_restarts) and not got_signal:
+            failure = self._keep_going_failure()
         if failure is not None:
             return self._report_failure(failure)
         if got_signal is not None:
@@ -512,6 +561,79 @@ class _Launcher:
         if stopping:  # a spawn error
             return 1
         return 0
+
+    # -- --keep-going and --max-restarts
+
+    def _mark_ended(self, rank):
+        """Tell the job's store that this rank's process has exited: the survivors'
+        accord.shrink on other hosts, which cannot look at this host's processes,
+        count it dead from this."""
+        slot = rank.slot
+        if not slot or not self.store_address:
+            return
+        try:
+            if self.client is None:
+                from accord.tcpstore import TCPStore
+                host, _, port = self.store_address.rpartition(":")
+                self.client = TCPStore(host, int(port), is_master=False, timeout=5.0,
+                                       token=self.token)
+            from accord.membership import ended_key
+            self.client.set(ended_key(slot), b"1")
+        except Exception as exc:      # the survivors on this host can still tell
+            _say(f"warning: cannot mark rank {rank.rank} ended in the store: {exc}")
+
+    def _keep_going(self, rank, pending):
+        """A rank exited under --keep-going: note it, restart it if restarts are left.
+        True: handled (the others go on)."""
+        cfg = self.config
+        if rank.returncode == 0:
+            if self.first_ok is None:
+                self.first_ok = time.time()
+            return True
+        if self.first_ok is not None:
+            # the job was ending (a rank finished): a failure now is the job's
+            self.late_failure = self.late_failure or rank
+            _say(f"rank {rank.rank} {describe_status(rank.returncode)} after another rank "
+                 f"finished")
+            return True
+        if self.restarts < cfg.max_restarts:
+            self.restarts += 1
+            _say(f"rank {rank.rank} {describe_status(rank.returncode)}; restarting it "
+                 f"(restart {self.restarts} of {cfg.max_restarts}); the other ranks go on")
+            rank.error_file = rank.error_file.rsplit(".json", 1)[0] + f".r{self.restarts}.json"
+            rank.returncode = rank.ended = None
+            env = dict(self.env)
+            env["ACCORD_RESTART_COUNT"] = str(self.restarts)
+            try:
+                self._spawn(rank, env)
+            except OSError as exc:
+                _say(f"error: cannot restart rank {rank.rank}: {exc}")
+                rank.returncode = 1
+                return True
+            pending.add(id(rank))
+            return True
+        others = len(self._alive())
+        _say(f"rank {rank.rank} {describe_status(rank.returncode)}; " +
+             (f"the other {others} rank{'s' * (others != 1)} go on (--keep-going)" if others
+              else "no rank is left"))
+        self.lost.append(rank)
+        return True
+
+    def _keep_going_failure(self):
+        """Under --keep-going, the rank the job failed because of, or None: one that
+        failed after another had finished, or the last to fail if none finished."""
+        if self.late_failure is not None:
+            return self.late_failure
+        if self.first_ok is None:
+            failed = [r for r in self.ranks if r.returncode not in (0, None)]
+            if failed:
+                return max(failed, key=lambda r: r.ended or 0)
+        lost = self.lost
+        if lost:
+            _say(f"job finished without rank{'s' * (len(lost) > 1)} "
+                 f"{', '.join(str(r.rank) for r in lost)} (--keep-going); every rank "
+                 f"still in it exited 0")
+        return None
 
     def _fate(self, r):
         if r.signalled and r.returncode is not None and r.returncode < 0:
