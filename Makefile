@@ -1,4 +1,5 @@
 # make demo   creates .venv, installs accord (numpy only), runs every example under `accord run -n 4`
+#              (elastic_training.py with --max-restarts 1)
 # make test   creates .venv, installs accord with its test extras, runs the test suite
 # make docs   creates .venv, installs the docs extra, builds the site into site/ (warnings are errors)
 
@@ -41,7 +42,9 @@ demo: $(DEMO_STAMP)
 		fi; \
 		echo "== accord run -n $(NPROC) examples/$$demo.py"; \
 		$(VENV)/bin/accord run -n $(NPROC) examples/$$demo.py; \
-	done
+	done; \
+	echo "== accord run -n $(NPROC) --max-restarts 1 examples/elastic_training.py (a rank kills itself; its restart is admitted)"; \
+	$(VENV)/bin/accord run -n $(NPROC) --max-restarts 1 examples/elastic_training.py
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q
