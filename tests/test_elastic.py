@@ -38,13 +38,18 @@ def _survive(rank, world, where, victims):
             time.sleep(0.2)
             _die()
         _die(0.05 + 0.02 * victims.index(rank))
-        while True:
-            if where == "all_reduce":
-                dist.all_reduce(x)
-            elif where == "broadcast":
-                dist.broadcast(x, src=0)
-            else:
-                _ring(rank, world, x)
+        try:
+            while True:
+                if where == "all_reduce":
+                    dist.all_reduce(x)
+                elif where == "broadcast":
+                    dist.broadcast(x, src=0)
+                else:
+                    _ring(rank, world, x)
+        except (dist.PeerLost, dist.GroupClosed):
+            # a second victim may hear of the first one's death before its own
+            # timer fires: it waits for it, as a victim must not live on
+            time.sleep(30)
     first = None
     t0 = time.monotonic()
     try:
