@@ -61,7 +61,8 @@ def is_loopback(host):
         return False
 
 
-def _ipv4(name):
+def ipv4_of(name):
+    """(interface flags or None, IPv4 address or None) of interface `name`."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         req = struct.pack("256s", name.encode()[:15])
         try:
@@ -75,7 +76,8 @@ def _ipv4(name):
     return flags, addr
 
 
-def _ipv6():
+def ipv6_addresses():
+    """{interface name: [IPv6 addresses]} from /proc/net/if_inet6 (empty if absent)."""
     out = {}
     try:
         with open("/proc/net/if_inet6") as f:
@@ -98,10 +100,10 @@ def interfaces():
         names = [n for _, n in socket.if_nameindex()]
     except OSError:
         return []
-    v6 = _ipv6()
+    v6 = ipv6_addresses()
     out = []
     for name in names:
-        flags, v4 = _ipv4(name)
+        flags, v4 = ipv4_of(name)
         out.append((name, flags, ([v4] if v4 else []) + v6.get(name, [])))
     return out
 

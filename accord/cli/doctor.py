@@ -16,23 +16,20 @@ Every line starts with OK, WARN, FAIL or INFO; the exit status is 1 when any
 line is FAIL, else 0.
 """
 import argparse
-import fcntl
 import os
 import platform
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
 from . import IMPORT_ROOT
+from ..netif import ipv4_of, ipv6_addresses
 
 MiB = 1 << 20
 SHM = "/dev/shm"
 SHM_LOW = 256 * MiB          # less free space than this in /dev/shm is worth a warning
-_SIOCGIFFLAGS = 0x8913
-_SIOCGIFADDR = 0x8915
 _IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
 
 
@@ -134,35 +131,6 @@ def check_shm(r):
                        + " (left by a job that is still running or was killed?)")
 
 
-def _ipv4(name):
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        req = struct.pack("256s", name.encode()[:15])
-        try:
-            flags = struct.unpack("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req)[16:18])[0]
-        except OSError:
-            flags = None
-        try:
-            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
-        except OSError:
-            addr = None
-    return flags, addr
-
-
-def _ipv6():
-    out = {}
-    try:
-        with open("/proc/net/if_inet6") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 6:
-                    raw = parts[0]
-                    addr = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(raw))
-                    out.setdefault(parts[5], []).append(addr)
-    except OSError:
-        pass
-    return out
-
-
 def check_network(r):
     r.section("network")
     try:
@@ -170,10 +138,10 @@ def check_network(r):
     except OSError as exc:
         r.line("WARN", f"cannot list network interfaces: {exc}")
         names = []
-    v6 = _ipv6()
+    v6 = ipv6_addresses()
     routable = 0
     for name in names:
-        flags, v4 = _ipv4(name)
+        flags, v4 = ipv4_of(name)
         addrs = ([v4] if v4 else []) + v6.get(name, [])
         state = ("" if flags is None else
                  (" up" if flags & _IFF_UP else " DOWN") + (", loopback" if flags & _IFF_LOOPBACK

@@ -286,6 +286,18 @@ class _Link(StashMatching):
         The small-message lane: no receive record, no routing. Only a message that
         matches `stamp` and dest's size is taken, so a Desync, a peer's last words or
         a message that wraps around the ring are the general path's to report."""
+        return self._take_whole(dest, COLL, stamp, None)
+
+    def take_tagged(self, view, tag):
+        """The tagged message a receive of view (posted now, from this peer) would
+        take, if it is the next one in the ring, all there in one piece, and nothing
+        stashed or posted before it could claim it: copied out, True. False leaves
+        the ring as it was (the general path routes what is there)."""
+        return self._take_whole(view, P2P, None, tag)
+
+    def _take_whole(self, dest, kind, stamp, tag):
+        """take_inline/take_tagged: the next message, if it is of `kind`, dest's size,
+        matching stamp (collective) or tag (tagged), and all there in one piece."""
         if self.posted or self.incoming is not None or self.stash:
             return False
         q, n = self.t.q, len(dest)
@@ -297,35 +309,11 @@ class _Link(StashMatching):
         if start + n > self.cap:
             return False
         h = HEADER.unpack_from(self.i_ring, pos)
-        if h[0] != COLL or h[7] != n or not stamp.matches(h):
+        if h[0] != kind or h[7] != n or \
+                (not stamp.matches(h) if stamp is not None else h[5] != tag):
             return False
         if n:
             dest[:] = self.i_ring[start:start + n]
-        self.i_tail = tail = tail + HEADER_SIZE + n
-        q[self.i_tail_i] = tail
-        self.poke_space()
-        return True
-
-    def take_tagged(self, view, tag):
-        """The tagged message a receive of view (posted now, from this peer) would
-        take, if it is the next one in the ring, all there in one piece, and nothing
-        stashed or posted before it could claim it: copied out, True. False leaves
-        the ring as it was (the general path routes what is there)."""
-        if self.posted or self.incoming is not None or self.stash:
-            return False
-        q, n = self.t.q, len(view)
-        tail = self.i_tail
-        if q[self.i_head_i] - tail < HEADER_SIZE + n:
-            return False
-        pos = tail % self.cap
-        start = pos + HEADER_SIZE
-        if start + n > self.cap:
-            return False
-        h = HEADER.unpack_from(self.i_ring, pos)
-        if h[0] != P2P or h[5] != tag or h[7] != n:
-            return False
-        if n:
-            view[:] = self.i_ring[start:start + n]
         self.i_tail = tail = tail + HEADER_SIZE + n
         q[self.i_tail_i] = tail
         self.poke_space()
