@@ -32,13 +32,22 @@ def buf_list(g, value, arg, writable=True):
     if len(value) != g.size:
         raise ValueError(f"{arg}: expected {g.size} tensors (one per rank of group {g.name!r}), "
                          f"got {len(value)}")
-    return [as_buf(t, f"{arg}[{i}]", writable) for i, t in enumerate(value)]
+    try:
+        return [as_buf(t, arg, writable) for t in value]
+    except (TypeError, ValueError):
+        # an entry's error names it: the names are made only then (an f-string per
+        # entry per call is most of a small all_gather's argument checks)
+        for i, t in enumerate(value):
+            as_buf(t, f"{arg}[{i}]", writable)
+        raise
 
 
 def same_dtype(ref, bufs, arg, ref_arg):
     """Every buf of arg has ref's dtype."""
-    for i, b in enumerate(bufs):
-        if b.dtype_code != ref.dtype_code:
+    code = ref.dtype_code
+    for b in bufs:
+        if b.dtype_code != code:
+            i = bufs.index(b)
             raise TypeError(f"{arg}[{i}]: dtype {b.dtype_name} differs from {ref_arg}'s "
                             f"{ref.dtype_name}")
 

@@ -15,6 +15,12 @@ All four run in the same processes, interleaved, each timed `--repeat` times
 after two warm-up rounds; a round's time is the slowest rank's (barrier
 before, max over ranks after); the table shows the median. Each world size is
 one `accord run -n N` of this file with --worker.
+
+--small runs small states instead, where fixed costs decide: 10, 30, 81 and
+300 float32 tensors of 128 B to 128 KiB (geometric sizes), with one more
+method beside the others, one accord.broadcast of a flat tensor holding the
+same bytes (what broadcast_state cannot beat; its target is to stay within
+100 µs of it, and at least 2x faster than the per-tensor loop).
 """
 import argparse
 import json
@@ -29,11 +35,16 @@ MiB = 1 << 20
 
 
 def make_state(rank, n=100, total=50 * MiB):
+    """n float32 tensors; total: their bytes (sizes geometric over a factor of 512), or
+    (smallest, largest) bytes of a tensor (sizes geometric between them)."""
     import torch
-    # geometric sizes spanning a factor of 512, scaled to the total
-    raw = [512 ** (i / (n - 1)) for i in range(n)]
-    scale = total / sum(raw)
-    sizes = [max(1, int(r * scale) // 4) for r in raw]
+    if isinstance(total, tuple):
+        lo, hi = total
+        sizes = [max(1, int(lo * (hi / lo) ** (i / max(1, n - 1))) // 4) for i in range(n)]
+    else:
+        raw = [512 ** (i / (n - 1)) for i in range(n)]
+        scale = total / sum(raw)
+        sizes = [max(1, int(r * scale) // 4) for r in raw]
     g = torch.Generator().manual_seed(0)
     sd = {}
     for i, s in enumerate(sizes):
@@ -46,7 +57,7 @@ def make_state(rank, n=100, total=50 * MiB):
     return sd
 
 
-def worker(repeat):
+def worker(repeat, small=False):
     import torch
     import torch.distributed as tdist
 
@@ -57,7 +68,7 @@ def worker(repeat):
     port = os.environ["MASTER_PORT"]
     tdist.init_process_group("gloo", init_method=f"file:///tmp/accord-bench-state-{port}",
                              rank=rank, world_size=world)
-    for n, total in CONFIGS:
+    for n, total in (SMALL_CONFIGS if small else CONFIGS):
         sd = make_state(rank, n, total)
         run_config(sd, make_state(0, n, total), rank, world, repeat, tdist, torch, accord)
     tdist.destroy_process_group()
@@ -65,6 +76,7 @@ def worker(repeat):
 
 
 CONFIGS = [(100, 50 * MiB), (1000, 10 * MiB)]
+SMALL_CONFIGS = [(n, (128, 128 << 10)) for n in (10, 30, 81, 300)]
 
 
 def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
@@ -75,6 +87,7 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
         if rank != 0:
             for t in sd.values():
                 t.zero_()
+            flat.zero_()
 
     def check(name):
         if rank != 0:
@@ -98,9 +111,20 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
         for t in sd.values():
             tdist.broadcast(t, src=0)
 
+    flat_ref = torch.arange(nbytes // 4, dtype=torch.float32)
+    flat = flat_ref.clone() if rank == 0 else torch.zeros(nbytes // 4)
+
+    def one():
+        accord.broadcast(flat, src=0)
+
+    def check_one(name):
+        if not torch.equal(flat, flat_ref):
+            raise AssertionError(f"{name}: rank {rank}: the flat tensor differs from rank 0's")
+
     methods = [("accord.broadcast_state(sd)", state),
                ("accord.broadcast loop", loop),
                ("accord.broadcast loop in coalescing()", coalesced),
+               ("one accord.broadcast of the same bytes", one),
                ("torch gloo broadcast loop", gloo)]
     times = {name: [] for name, _ in methods}
     import numpy as np
@@ -116,7 +140,7 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
             if it >= 2:
                 times[name].append(float(slowest[0]))
             if it == 0:
-                check(name)
+                (check_one if fn is one else check)(name)
     if rank == 0:
         print("RESULT " + json.dumps({"world": world, "nbytes": nbytes, "tensors": n,
                                       "times": times}), flush=True)
@@ -124,15 +148,19 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
 
 def table(results, command):
     lines = [f"`{command}`", "",
-             "| world | state dict | method | time per sync (ms, median) | GB/s | vs gloo loop |",
-             "|---:|---|---|---:|---:|---:|"]
+             "| world | state dict | method | time per sync (ms, median) | GB/s | vs gloo loop "
+             "| vs accord loop |",
+             "|---:|---|---|---:|---:|---:|---:|"]
     for res in results:
         med = {k: statistics.median(v) for k, v in res["times"].items()}
         gloo = med["torch gloo broadcast loop"]
-        what = f"{res['tensors']} float32 tensors, {res['nbytes'] / MiB:.0f} MiB"
+        loop = med["accord.broadcast loop"]
+        mb = res["nbytes"] / MiB
+        size = f"{mb:.0f} MiB" if mb >= 10 else f"{res['nbytes'] / 1024:.0f} KiB"
+        what = f"{res['tensors']} float32 tensors, {size}"
         for k, v in med.items():
-            lines.append(f"| {res['world']} | {what} | {k} | {v * 1e3:.1f} | "
-                         f"{res['nbytes'] / v / 1e9:.2f} | {gloo / v:.1f}x |")
+            lines.append(f"| {res['world']} | {what} | {k} | {v * 1e3:.3f} | "
+                         f"{res['nbytes'] / v / 1e9:.2f} | {gloo / v:.1f}x | {loop / v:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -140,20 +168,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-n", default="2,4", help="world sizes, comma-separated")
     ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--out", default=os.path.join("benchmarks", "results", "state.md"))
+    ap.add_argument("--out", default=None,
+                    help="markdown table (default benchmarks/results/state.md, "
+                         "state-small.md with --small)")
+    ap.add_argument("--small", action="store_true",
+                    help="small states (10-300 tensors of 128 B-128 KiB) instead")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.repeat)
+        worker(args.repeat, args.small)
         return 0
     command = "python benchmarks/bench_state.py " + " ".join(sys.argv[1:])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     results = []
+    load0 = os.getloadavg()
     for n in [int(x) for x in args.n.split(",")]:
         cmd = [sys.executable, "-m", "accord", "run", "-n", str(n), os.path.abspath(__file__),
-               "--worker", "--repeat", str(args.repeat)]
+               "--worker", "--repeat", str(args.repeat)] + (["--small"] if args.small else [])
         print("running: " + " ".join(cmd[1:]), flush=True)
         out = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
         sys.stdout.write("".join(l + "\n" for l in out.stdout.splitlines()
@@ -164,10 +197,15 @@ def main():
         for line in out.stdout.splitlines():
             if "RESULT " in line:
                 results.append(json.loads(line.split("RESULT ", 1)[1]))
-    md = table(results, command)
+    load1 = os.getloadavg()
+    out_path = args.out or os.path.join("benchmarks", "results",
+                                        "state-small.md" if args.small else "state.md")
+    md = table(results, command) + (f"\nload average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} "
+                                    f"at the start, {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} "
+                                    f"at the end\n")
     print(md)
-    os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
-    with open(os.path.join(ROOT, args.out), "w") as f:
+    os.makedirs(os.path.dirname(os.path.join(ROOT, out_path)), exist_ok=True)
+    with open(os.path.join(ROOT, out_path), "w") as f:
         f.write(md)
     return 0
 
