@@ -137,7 +137,33 @@ def is_torch_tensor(obj):
     return known
 
 
+# The Buf of the small contiguous CPU tensors seen last, by id(tensor): making one
+# (the device, grad, layout and sign-bit checks, a DLPack export, a numpy array)
+# costs 3-4 µs, more than all the rest of a small collective's argument checks. An
+# entry is used only for the same tensor object with the same memory address, shape,
+# strides and dtype, so resize_, set_, .data = and FSDP's storage resizing all make a
+# fresh one. An entry keeps its tensor alive (its array holds the tensor's memory
+# through DLPack, and torch then keeps the Python object too), so only tensors of at
+# most _CACHE_BYTES are kept, the last _CACHE_MAX of them: at most 16 MiB.
+_TORCH_BUFS = {}       # id(t) -> (t, data_ptr, shape, stride, dtype, Buf)
+_CACHE_MAX = 256
+_CACHE_BYTES = 64 << 10
+
+
 def _from_torch(t, name, writable):
+    e = _TORCH_BUFS.get(id(t))
+    if e is not None and e[0] is t and t.data_ptr() == e[1] and t.shape == e[2] and \
+            t.dtype is e[4] and t.stride() == e[3]:
+        return e[5]
+    buf = _make_torch_buf(t, name, writable)
+    if buf._writeback is None and buf.nbytes <= _CACHE_BYTES:
+        if len(_TORCH_BUFS) >= _CACHE_MAX:
+            del _TORCH_BUFS[next(iter(_TORCH_BUFS))]     # the oldest
+        _TORCH_BUFS[id(t)] = (t, t.data_ptr(), t.shape, t.stride(), t.dtype, buf)
+    return buf
+
+
+def _make_torch_buf(t, name, writable):
     torch = sys.modules["torch"]
     if not t.is_cpu:
         raise TypeError(f"{name}: tensor on device {t.device} is not supported by accord's "
