@@ -27,6 +27,7 @@ import os
 import time
 
 from .errors import CommTimeout
+from .options import Options
 
 # how often an undecided decision looks at the store again (seconds): short first,
 # since the survivors of one failure arrive within a few ms of one another
@@ -49,7 +50,7 @@ def _host():
     except OSError:
         ns = 0
     boot = _read("/proc/sys/kernel/random/boot_id")
-    return f"{boot}:{ns}:{os.environ.get('ACCORD_HOST_ID', '')}" if boot else ""
+    return f"{boot}:{ns}:{Options.from_env().host_id}" if boot else ""
 
 
 def _start_time(pid):
@@ -70,7 +71,7 @@ def identity(pid=None):
     slot is ACCORD_LAUNCH_SLOT (what `accord run` calls this process, "" without it)."""
     pid = os.getpid() if pid is None else pid
     start, _ = _start_time(pid)
-    return f"{_host()}/{pid}/{start or '?'}/{os.environ.get('ACCORD_LAUNCH_SLOT', '')}"
+    return f"{_host()}/{pid}/{start or '?'}/{Options.from_env().launch_slot}"
 
 
 def ended_key(slot):

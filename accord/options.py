@@ -85,6 +85,27 @@ def _parse_bytes(text, name, default):
     return int(digits) * mult
 
 
+def _parse_count(text, name):
+    """A whole number >= 0 ('' -> 0): ACCORD_RESTART_COUNT, ACCORD_MAX_RESTARTS."""
+    text = text.strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"{name} must be a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _parse_slot(text):
+    """ACCORD_LAUNCH_SLOT: `accord run`'s name for a process, RANK.RESTARTS ('' without
+    the launcher). It is part of a process's published identity, whose fields '/'
+    separates."""
+    text = text.strip()
+    if "/" in text:
+        raise ValueError(f"ACCORD_LAUNCH_SLOT must not contain '/' (accord run sets it to "
+                         f"RANK.RESTARTS), got {text!r}")
+    return text
+
+
 @dataclass(frozen=True)
 class Options:
     timeout: float = DEFAULT_TIMEOUT
@@ -116,6 +137,14 @@ class Options:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # ACCORD_RESTART_COUNT: set by `accord run --max-restarts` on a restarted process
+    # (or by hand); above 0, init_process_group() waits to be admitted (accord.admit)
+    restart_count: int = 0
+    # ACCORD_MAX_RESTARTS: the launcher's --max-restarts, for the program to read
+    max_restarts: int = 0
+    # ACCORD_LAUNCH_SLOT: what `accord run` calls this process (RANK.RESTARTS), in its
+    # identity, so survivors on other hosts learn from the store that it ended
+    launch_slot: str = ""
 
     @classmethod
     def from_env(cls, environ=None):
@@ -143,5 +172,9 @@ class Options:
             shm_arena=_parse_bytes(env.get("ACCORD_SHM_ARENA", ""), "ACCORD_SHM_ARENA", 64 << 20),
             shm_cma_min=_parse_bytes(env.get("ACCORD_SHM_CMA", ""), "ACCORD_SHM_CMA", 1 << 20),
             socket_ifname=_parse_ifname(env.get("ACCORD_SOCKET_IFNAME", "")),
+            restart_count=_parse_count(env.get("ACCORD_RESTART_COUNT", ""),
+                                       "ACCORD_RESTART_COUNT"),
+            max_restarts=_parse_count(env.get("ACCORD_MAX_RESTARTS", ""), "ACCORD_MAX_RESTARTS"),
+            launch_slot=_parse_slot(env.get("ACCORD_LAUNCH_SLOT", "")),
             **_parse_tls(env),
         )

@@ -161,8 +161,9 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         init_method = init_method or "env://"
         rank, world_size = rendezvous.rank_and_size(rank, world_size)
         raw = rendezvous.make_store(init_method, rank, world_size, timeout,
-                                    options.launcher_store_addr)
-    restart = _restart_count()
+                                    options.launcher_store_addr,
+                                    restarted=options.restart_count > 0)
+    restart = options.restart_count
     try:
         if restart and store is None:
             w = _join(options, raw, world_size, addr, timeout)
@@ -176,15 +177,6 @@ def init_process_group(backend: Optional[str] = "auto", init_method: Optional[st
         raise
     w.owns_store = store is None
     _world = w
-
-
-def _restart_count():
-    import os
-    value = os.environ.get("ACCORD_RESTART_COUNT", "").strip()
-    try:
-        return int(value) if value else 0
-    except ValueError:
-        raise ValueError(f"ACCORD_RESTART_COUNT={value!r} is not an integer") from None
 
 
 def _join(options, raw, world_size, addr, timeout):

@@ -13,6 +13,7 @@ import zlib
 
 from ..netif import split_host_port, strip_brackets
 from ..store import FileStore, PrefixStore
+from ..store_process import HostedStore
 from ..tcpstore import TCPStore
 from .torchelastic import agent_store
 
@@ -89,10 +90,23 @@ def master_address(env=None):
     return addr, 20000 + zlib.crc32(job.encode()) % 12768
 
 
-def make_store(init_method, rank, world_size, timeout, launcher_store, env=None):
+def _rank0_store(host, port, world_size, timeout, restarted):
+    """Rank 0's store where no launcher hosts one: the server in a process of its own
+    (store_process.py), so that rank 0's death leaves the survivors their store. A
+    restarted process (restarted: ACCORD_RESTART_COUNT > 0) finds it still there and
+    is a client like the others."""
+    if restarted:
+        return TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    return HostedStore(host, port, world_size, timeout=timeout)
+
+
+def make_store(init_method, rank, world_size, timeout, launcher_store, env=None,
+               restarted=False):
     """The store of the default group, before job-generation prefixing.
 
     launcher_store: "host:port" of a store `accord run` already hosts, or "".
+    restarted: this process is a restart joining a running job (it never hosts the
+    store: the job's is still up).
     """
     env = os.environ if env is None else env
     url = urllib.parse.urlparse(init_method)
@@ -104,11 +118,15 @@ def make_store(init_method, rank, world_size, timeout, launcher_store, env=None)
         if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             # torchrun's agent hosts a torch TCPStore
             return agent_store(host, port, timeout)
-        return TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        if rank == 0:
+            return _rank0_store(host, port, world_size, timeout, restarted)
+        return TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     if url.scheme == "tcp":
         if not url.hostname or not url.port:
             raise ValueError(f"init_method {init_method!r}: expected tcp://host:port")
-        return TCPStore(url.hostname, url.port, world_size, is_master=rank == 0, timeout=timeout)
+        if rank == 0:
+            return _rank0_store(url.hostname, url.port, world_size, timeout, restarted)
+        return TCPStore(url.hostname, url.port, world_size, is_master=False, timeout=timeout)
     if url.scheme == "file":
         path = urllib.parse.unquote(url.path)
         if not path:
