@@ -103,8 +103,11 @@ def shrink(group: Optional[ProcessGroup] = None, timeout: Timeout = None) -> Pro
 
     On the default group (group=None) the new group replaces the world:
     get_rank() and get_world_size() then describe it, and collectives without
-    group= use it. A subgroup is rebuilt with shrink(subgroup), after the world
-    (its ranks are then the survivors' ranks in the current world).
+    group= use it. The world's other groups follow it: one whose members all
+    survived is renumbered (its ranks become the new world's, its links stay);
+    one that lost a member is revoked (its calls raise GroupClosed saying so) and
+    is rebuilt with shrink(subgroup) by its survivors, after the world (its ranks
+    are then the survivors' ranks in the current world).
 
     A member counts as dead only when its process is certainly gone (the store
     holds each member's pid; a member on the same host reads /proc); a member
@@ -149,11 +152,11 @@ def shrink(group: Optional[ProcessGroup] = None, timeout: Timeout = None) -> Pro
             stub = ProcessGroup(result["name"], ranks, me, timeout=g.timeout,
                                 options=g.options)
             stub.store, stub.addr = g.store, g.addr
-            _finish(g, w, stub, is_default)
+            _finish(g, w, stub, is_default, result["alive"])
             g = stub
             continue
         new.timeout = g.timeout
-        _finish(g, w, new, is_default)
+        _finish(g, w, new, is_default, result["alive"])
         return new
 
 
@@ -185,11 +188,24 @@ def decide_survivors(g, w, deadline):
     return result, result["world"], _world_rank(g, w)
 
 
-def _finish(old, w, new, is_default):
+def _finish(old, w, new, is_default, alive=()):
+    """Make `new` the group that replaces `old`. On the default group, alive lists the
+    old world ranks that are in the new world, in order (the new world's ranks 0, 1, ...):
+    every other group is carried into the new world's numbering, or revoked if it lost a
+    member."""
     if w is not None:
         w.groups.append(new)
         if is_default:
             world.replace_default(w, new)
+            for g in world.renumber_groups(w, {old_rank: i for i, old_rank in enumerate(alive)}):
+                if g is old:
+                    continue
+                gone = [r for r in g.ranks if r not in alive]
+                g.revoke(PeerLost(
+                    f"rank {w.rank}: group {g.name!r} lost member{'s' * (len(gone) > 1)} "
+                    f"{', '.join(map(str, gone))} (ranks of the world before it shrank): "
+                    f"rebuild it with accord.shrink(group) on its surviving members, or make "
+                    f"a new one with new_group", peer=gone[0]))
     world.forget_group(w, old)
 
 
@@ -259,15 +275,20 @@ def admit(group: Optional[ProcessGroup] = None, timeout: Timeout = 0) -> Process
         accord.PeerLost: a member or a newcomer died while the new group was
             being connected; the old group is still the default group (shrink it
             if a member died, or call admit again).
-        ValueError: group is not the default group.
+        ValueError: group is not the default group (a newcomer joins the
+            world, and no other group: make those that should include it with
+            new_group after admit).
 
     torch has no equivalent (torchrun restarts every rank instead); torchft's
     quorum is the closest.
     """
     g, w, deadline, _ = _setup(group, None, "admit")
     if w is None or g is not w.default:
-        raise ValueError("admit: newcomers join the world's default group: call admit() "
-                         "without group=")
+        raise ValueError(
+            f"admit(group={g.name!r}): a newcomer joins the job as a whole (its "
+            f"init_process_group() makes it a member of the world, not of any other group): "
+            f"call accord.admit() without group=, then make the groups that should include "
+            f"it with new_group (every rank calls it, the newcomers too)")
     wait = to_seconds(timeout) if timeout else 0.0
     store = g.store
     n = _next_call(g, "admit")
@@ -325,5 +346,5 @@ def admit(group: Optional[ProcessGroup] = None, timeout: Timeout = 0) -> Process
     new_group = world.make_member_group(result["name"], range(size), me, store, g.addr,
                                         max(0.5, deadline - time.monotonic()), g.options)
     new_group.timeout = g.timeout
-    _finish(g, w, new_group, True)
+    _finish(g, w, new_group, True, alive)
     return new_group

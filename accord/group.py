@@ -215,6 +215,19 @@ class ProcessGroup:
     def is_member(self):
         return self.rank >= 0
 
+    def renumber(self, new_rank_of, global_rank):
+        """Describe the members by their ranks in a new world (accord.shrink or admit
+        replaced the default group, and every member of this group is in the new one).
+
+        new_rank_of: old global rank -> new global rank (it keeps their order, so
+        group ranks and links stay as they are); global_rank: this process's new one.
+        The list is changed in place: the p2p engine reports senders from it."""
+        self.ranks[:] = [new_rank_of[r] for r in self.ranks]
+        self.global_rank = global_rank
+        if self.hier is not None:
+            for sub in self.hier.subgroups:
+                sub.renumber(new_rank_of, global_rank)
+
     def describe_rank(self, group_rank):
         return f"rank {self.ranks[group_rank]}"
 

@@ -235,6 +235,25 @@ def replace_default(w, g):
         w.size = g.size
 
 
+def renumber_groups(w, new_rank_of):
+    """After the default group was replaced by one of some of its members (accord.shrink,
+    accord.admit), the world's other groups: each whose members are all in the new world
+    gets their new global ranks (so src=, dst=, get_global_rank and the like mean the new
+    world's ranks, as everywhere else); the groups that lost a member are returned, for
+    the caller to revoke.
+
+    new_rank_of: old global rank -> new global rank, for every member still there."""
+    lost = []
+    for g in list(w.groups):
+        if g is w.default:
+            continue
+        if all(r in new_rank_of for r in g.ranks):
+            g.renumber(new_rank_of, w.rank)
+        else:
+            lost.append(g)
+    return lost
+
+
 def forget_group(w, g):
     """Leave g (broken or replaced) without checking for unread messages."""
     if w is not None and g in w.groups:

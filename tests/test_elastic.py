@@ -462,3 +462,83 @@ def test_a_group_spanning_simulated_hosts_shrinks():
     assert all(k == "ok" for k, _ in res), res
     assert [p[:2] for _, p in res] == [(0, 3), (1, 3), (2, 3)]
     assert len({p[2] for _, p in res}) == 1
+
+
+def _old_subgroups(rank, world):
+    a = dist.new_group([2, 3])           # keeps every member: renumbered
+    b = dist.new_group([0, 1])           # loses rank 1: revoked, rebuilt with shrink(b)
+    c = dist.new_group([0, 2, 3])        # keeps every member (rank 1 is not in it)
+    dist.barrier()
+    if rank == 1:
+        _die(0.05)
+        while True:
+            dist.all_reduce(np.ones(4))
+    try:
+        while True:
+            dist.all_reduce(np.ones(4))
+    except (dist.PeerLost, dist.GroupClosed):
+        pass
+    dist.shrink(timeout=20)              # old ranks 0, 2, 3 are now 0, 1, 2
+    out = {"c": dist.get_process_group_ranks(c)}
+    y = np.full(2, float(rank))
+    dist.all_reduce(y, group=c)
+    out["c_sum"] = y.tolist()
+    if rank in (2, 3):
+        out["a"] = dist.get_process_group_ranks(a)
+        z = np.full(3, float(rank))
+        dist.broadcast(z, src=1, group=a)    # global rank 1 of the new world: old rank 2
+        out["a_bcast"] = z.tolist()
+        out["a_global"] = dist.get_global_rank(a, 0), dist.get_group_rank(a, 2)
+        with pytest.raises(ValueError) as info:
+            dist.admit(a)
+        out["admit_a"] = str(info.value)
+    if rank == 0:
+        with pytest.raises(dist.GroupClosed) as info:
+            dist.all_reduce(np.ones(2), group=b)
+        out["b_error"] = str(info.value)
+        new_b = dist.shrink(b, timeout=20)
+        w = np.full(2, 5.0)
+        dist.all_reduce(w, group=new_b)
+        out["b_new"] = (dist.get_process_group_ranks(new_b), w.tolist())
+    return out
+
+
+def test_groups_made_before_a_world_shrink_are_renumbered_or_revoked():
+    out = run_ranks(4, _old_subgroups, timeout=30, expect_fail=True)
+    assert out[1][0] == "died", out[1]
+    res = {r: out[r][1] for r in (0, 2, 3)}
+    assert all(out[r][0] == "ok" for r in (0, 2, 3)), out
+    for r in (0, 2, 3):
+        assert res[r]["c"] == [0, 1, 2] and res[r]["c_sum"] == [5.0, 5.0]
+    for r in (2, 3):
+        assert res[r]["a"] == [1, 2] and res[r]["a_global"] == (1, 1)
+        assert res[r]["a_bcast"] == [2.0] * 3
+        assert "joins the job as a whole" in res[r]["admit_a"]
+        assert "call accord.admit() without group=" in res[r]["admit_a"]
+    assert "lost member 1 (ranks of the world before it shrank)" in res[0]["b_error"]
+    assert "accord.shrink(group)" in res[0]["b_error"]
+    assert res[0]["b_new"] == ([0], [5.0, 5.0])
+
+
+@pytest.mark.parametrize("var,value", [("ACCORD_RESTART_COUNT", "one"),
+                                       ("ACCORD_RESTART_COUNT", "-1"),
+                                       ("ACCORD_MAX_RESTARTS", "2.5"),
+                                       ("ACCORD_LAUNCH_SLOT", "1/0")])
+def test_bad_elastic_variables_are_a_clear_error(var, value, monkeypatch):
+    from accord.options import Options
+    with pytest.raises(ValueError, match=var):
+        Options.from_env({var: value})
+    # on the rank that has it, before any connection
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=f"{var}.*{value!r}"):
+        dist.init_process_group(init_method="tcp://127.0.0.1:1", rank=1, world_size=2,
+                                timeout=5)
+    assert not dist.is_initialized()
+
+
+def test_elastic_variables_are_read_through_options():
+    from accord.options import Options
+    o = Options.from_env({"ACCORD_RESTART_COUNT": " 2 ", "ACCORD_MAX_RESTARTS": "3",
+                          "ACCORD_LAUNCH_SLOT": "1.2"})
+    assert (o.restart_count, o.max_restarts, o.launch_slot) == (2, 3, "1.2")
+    assert (Options.from_env({}).restart_count, Options.from_env({}).max_restarts) == (0, 0)

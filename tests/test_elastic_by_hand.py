@@ -210,3 +210,16 @@ def test_the_store_process_never_outlives_the_job(tmp_path, how):
     if how == "finish":
         assert procs[0].stdout.read().split() == ["gone"]
     assert _gone(pid, 10)
+
+
+def test_rank0_on_a_taken_port_gets_a_clear_error():
+    import accord
+    from accord.tcpstore import AddressInUse
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AddressInUse, match=f"store port {port} on 127.0.0.1 is already in use"):
+            accord.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                      world_size=1, timeout=10)
+    assert not accord.is_initialized()
