@@ -88,7 +88,8 @@ def _ring(rank, world, x):
         r.wait()
 
 
-CASES = [(3, (1,)), (4, (3,)), (5, (1, 3))]
+# one and two victims at every world from 3 to 5; rank 0 (every broadcast's root) among them
+CASES = [(3, (1,)), (3, (0, 2)), (4, (0,)), (4, (1, 2)), (5, (4,)), (5, (1, 3))]
 
 
 @pytest.mark.parametrize("world,victims", CASES, ids=lambda v: str(v))
