@@ -4,6 +4,7 @@ Each namespace has its own network stack, so ranks on "host B" reach "host A"
 only over the veth link, as separate machines would. Needs root (ip netns);
 skipped with the reason where the machine does not allow it.
 """
+import json
 import os
 import random
 import subprocess
@@ -167,3 +168,65 @@ def test_socket_ifname_matching_nothing_fails_every_rank_at_once(two_hosts, tmp_
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode != 0
     assert "nosuch0" in p.stdout + p.stderr
+
+
+SHRINK_SCRIPT = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import numpy as np
+    import accord as dist
+    dist.init_process_group()
+    r = dist.get_rank()
+    dist.barrier()
+    if r == 3:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)     # a rank of host B dies
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            dist.all_reduce(np.ones(1 << 16, np.float32))
+    except (dist.PeerLost, dist.GroupClosed):
+        pass
+    dist.shrink(timeout=30)
+    x = np.full(300_001, r + 1, dtype=np.int64)
+    dist.all_reduce(x)
+    hier = dist.world.default_group().hier is not None
+    with open(os.path.join(sys.argv[1], f"ok{r}"), "w") as f:
+        json.dump([dist.get_rank(), dist.get_world_size(), int(x.min()), int(x.max()), hier], f)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("mode", ["tcp", "hierarchical"])
+def test_a_rank_on_the_second_host_dies_and_the_others_shrink(two_hosts, tmp_path, mode):
+    # every rank's host is its namespace (ACCORD_HOST_ID): ranks 0 and 1 on host A cannot
+    # look at host B's processes and learn of rank 3's death from host B's launcher, which
+    # marks its slot ended in the store on host A
+    (ns_a, addr_a), (ns_b, _) = two_hosts
+    script = tmp_path / "job.py"
+    script.write_text(SHRINK_SCRIPT)
+    port = str(random.randint(20000, 40000))
+    procs = []
+    for ns, node in ((ns_a, "0"), (ns_b, "1")):
+        env = dict(os.environ, ACCORD_TIMEOUT="60", ACCORD_HOST_ID=ns,
+                   ACCORD_TRANSPORT="tcp" if mode == "tcp" else "auto")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes", "2",
+             "--node-rank", node, "--master-addr", addr_a, "--master-port", port, "-n", "2",
+             "--keep-going", str(script), str(tmp_path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("multi-host job hung:\n" + "\n".join(outs))
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+    assert "rank 3 was killed by SIGKILL" in outs[1], outs[1]
+    want_hier = mode == "hierarchical"      # host A's two ranks and host B's one
+    for r in range(3):
+        got = json.loads((tmp_path / f"ok{r}").read_text())
+        assert got == [r, 3, 6, 6, want_hier], (r, got, outs)
+    assert not (tmp_path / "ok3").exists()
