@@ -849,7 +849,8 @@ def shrink(timeout=None) -> None:
     destroyed with the default group, as torch's destroy_process_group does:
     the program makes them again (wrap the model in a new DDP, for instance).
     The store must outlive the dead rank (torchrun's agent store does; with a
-    plain env:// rendezvous rank 0 hosts it).
+    plain env:// or tcp:// rendezvous torch's own TCPStore lives in rank 0's
+    process, and rank 0's death takes it).
 
     Raises:
         ValueError: torch's default group does not run on backend "accord".
