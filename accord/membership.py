@@ -4,7 +4,8 @@ process waiting to be admitted (world.py).
 
 Nothing here uses a group's links, which a death has broken: every member
 meets through the job's store, which outlives any rank (`accord run` hosts it
-in the launcher).
+in the launcher; without one, rank 0 serves it from a process of its own,
+store_process.py).
 
 A **decision** (`decide`) has a key. Each member that takes part writes its
 contribution under it; once every member has either answered or is known to
