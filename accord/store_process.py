@@ -1,12 +1,12 @@
 """The job's store served by a process of its own, for a rendezvous without a launcher.
 
 With `tcp://host:port` or a plain `env://` (no `accord run` to host the store),
-rank 0 used to run the store's server on a thread of its own process, so its
-death took the store, and with it every survivor's way to meet (shrink, agree,
-admit all go through the store). Instead rank 0 starts this file as a small
-process of its own (only the store's modules, no numpy), in a session of its
-own, and connects to it as a client like every other rank: a SIGKILL of rank 0
-leaves the store up.
+torch's TCPStore master serves the store from a thread of rank 0's own process,
+so rank 0's death takes the store, and with it every survivor's way to meet
+(shrink, agree and admit all go through the store). Here rank 0 starts the
+server as a small process of its own (only the store's modules, no numpy), in
+a session of its own, and connects to it as a client like every other rank: a
+SIGKILL of rank 0 leaves the store up.
 
 It must never outlive the job. It ends by itself once its owner is done with
 it (rank 0's close writes "q" on its stdin, or rank 0 died: its parent changed)

@@ -223,3 +223,19 @@ def test_rank0_on_a_taken_port_gets_a_clear_error():
             accord.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                       world_size=1, timeout=10)
     assert not accord.is_initialized()
+
+
+def test_without_an_interpreter_to_start_rank0_serves_the_store_itself(monkeypatch, caplog):
+    import accord
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    with caplog.at_level("WARNING", logger="accord"):
+        accord.init_process_group(init_method=url, rank=0, world_size=1, timeout=10)
+    try:
+        x = np.ones(3)
+        accord.all_reduce(x)
+        assert x.tolist() == [1.0] * 3
+    finally:
+        accord.destroy_process_group()
+    assert "cannot start the store's own process" in caplog.text
+    assert "its death will end the job" in caplog.text

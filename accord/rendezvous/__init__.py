@@ -6,6 +6,7 @@ hydra (PMI_*); Slurm's srun (SLURM_*). Under an MPI or Slurm launcher without
 MASTER_PORT, every rank derives the same port from the job's identity.
 Under torchrun's agent store the client is torch's own (torchelastic.py).
 """
+import logging
 import os
 import re
 import urllib.parse
@@ -14,8 +15,10 @@ import zlib
 from ..netif import split_host_port, strip_brackets
 from ..store import FileStore, PrefixStore
 from ..store_process import HostedStore
-from ..tcpstore import TCPStore
+from ..tcpstore import AddressInUse, TCPStore
 from .torchelastic import agent_store
+
+_log = logging.getLogger("accord")
 
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 _SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
@@ -97,7 +100,16 @@ def _rank0_store(host, port, world_size, timeout, restarted):
     is a client like the others."""
     if restarted:
         return TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-    return HostedStore(host, port, world_size, timeout=timeout)
+    try:
+        return HostedStore(host, port, world_size, timeout=timeout)
+    except AddressInUse:
+        raise
+    except OSError as e:
+        # no interpreter to start (an embedded Python, say): serve it from this process,
+        # as torch does, and say what that costs
+        _log.warning("accord: cannot start the store's own process (%s); rank 0 serves it "
+                     "itself, and its death will end the job", e)
+        return TCPStore(host, port, world_size, is_master=True, timeout=timeout)
 
 
 def make_store(init_method, rank, world_size, timeout, launcher_store, env=None,
