@@ -159,9 +159,13 @@ def test_wait_and_check(env):
     assert "nope'" in msg and "present" not in msg
 
     other = env.handle()
-    threading.Timer(0.1, other.set, args=("b", "2")).start()
+    timer = threading.Timer(0.1, other.set, args=("b", "2"))
+    timer.start()
     s.wait(["present", "b"], timeout=5)
     assert s.check(["present", "b"])
+    # the key is there once the server has it, maybe before the setter has read its
+    # reply: closing its handle under it would fail the timer's thread
+    timer.join(5)
 
 
 def test_add(env):
