@@ -26,13 +26,18 @@ class Comm:
     """rank, size, peer_memory (transport/base.py's PeerMemory, or None), choices
     (the algorithm table's memo for these links), and the moves: exchange, send,
     recv."""
-    __slots__ = ("rank", "size", "peer_memory", "choices", "_t", "_stamp", "_deadline")
+    __slots__ = ("rank", "size", "choices", "_t", "_stamp", "_deadline")
 
     def __init__(self, transport, stamp, deadline):
         self.rank, self.size = transport.rank, transport.size
-        self.peer_memory = transport.peer_memory
         self.choices = transport.choices
         self._t, self._stamp, self._deadline = transport, stamp, deadline
+
+    @property
+    def peer_memory(self):
+        """The transport's access to peers' memory (None where it has none): asked
+        for only by the algorithms that copy between memories, not on every call."""
+        return self._t.peer_memory
 
     @property
     def deadline(self):
