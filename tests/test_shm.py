@@ -525,6 +525,29 @@ def test_large_broadcast_splits_the_copy(env, world):
         assert ran[:7] == want + [False, False] + want[:1], ran
 
 
+def _pair_broadcast_from_a_mib(rank, world):
+    from accord.algorithms.single_copy import COOP_MIN_PAIR
+    with spy_algorithms("broadcast") as names:
+        for nbytes in (COOP_MIN_PAIR - 1, COOP_MIN_PAIR, COOP_MIN_PAIR + 4096 + 3):
+            for root in (0, 1):
+                want = (np.arange(nbytes) % 253).astype(np.uint8)
+                x = want.copy() if rank == root else np.zeros(nbytes, np.uint8)
+                dist.broadcast(x, src=root)
+                assert np.array_equal(x, want), (nbytes, root)
+    return list(names)
+
+
+def test_two_ranks_split_a_broadcast_from_a_mib():
+    # from COOP_MIN_PAIR two ranks each copy a half (below it: the plain path), whatever
+    # the single-copy threshold for single messages
+    for env in (SHM, {**SHM, "ACCORD_SHM_CMA": "2M"}):
+        out = run_ranks(2, _pair_broadcast_from_a_mib, env=env, timeout=60)
+        split = env.get("ACCORD_SHM_CMA") != "2M"
+        for names in out:
+            assert [n == "single_copy" for n in names] == \
+                [False, False] + [split] * 4, (env, names)
+
+
 # -- receiving from any source over shared memory (small, single-copy, streamed) -------------
 
 def _any_source(rank, world, n):

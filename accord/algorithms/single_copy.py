@@ -14,7 +14,11 @@ import numpy as np
 
 from . import as_bytes
 
-COOP_MIN = 4 << 20          # a broadcast this large splits its copy between both sides
+COOP_MIN = 4 << 20          # a broadcast this large splits its copy between the root and
+                            # each receiver (more than two ranks: split_copy)
+COOP_MIN_PAIR = 1 << 20     # ... and between two ranks (each copies one half at once: from
+                            # 1 MiB this beat the single-copy read, 1.35x at 1 MiB and 1.7x at
+                            # 2 MiB in 12 paired rounds; benchmarks/results/small-messages.md)
 SPLIT_CHUNK = 512 << 10     # what each side of a split copy claims at a time
 _PAGE = 4096
 _NOTHING = memoryview(b"")
@@ -22,11 +26,13 @@ _NOTHING = memoryview(b"")
 
 def broadcast_applies(c, nbytes):
     pm = c.peer_memory
-    if pm is None or nbytes < COOP_MIN or pm.min_bytes > nbytes // 4:
+    if pm is None:
         return False
     if c.size == 2:
-        return pm.usable(1 - c.rank)
-    return pm.everywhere
+        # each side copies its half itself: only a single-copy threshold (ACCORD_SHM_CMA)
+        # above the whole message, or single copy turned off, says no
+        return nbytes >= COOP_MIN_PAIR and pm.min_bytes <= nbytes and pm.usable(1 - c.rank)
+    return nbytes >= COOP_MIN and pm.min_bytes <= nbytes // 4 and pm.everywhere
 
 
 def broadcast(c, arr, root):
@@ -34,9 +40,10 @@ def broadcast(c, arr, root):
     writes the second half straight into the receiver's buffer. More: the root writes
     into each receiver from the back while each reads from the front (split_copy).
 
-    The ranks first swap their buffers' addresses (so ranks that disagree on the
-    root read each other's stamps: a Desync, not a wait); the receiver returns only
-    after the root's "done": the root never writes into a buffer its owner has left.
+    The ranks first swap their buffers' addresses (stamped messages: ranks that
+    disagree on the root or the size read each other's stamps, a Desync, not a
+    wait), then each copies its half itself, then both say done: neither returns
+    while the other may still copy out of or into its buffer.
     """
     mv = memoryview(arr.reshape(-1).view("u1"))
     if c.size != 2:
@@ -45,18 +52,15 @@ def broadcast(c, arr, root):
     n = arr.nbytes
     peer = 1 - c.rank
     half = (n // 2) & ~(_PAGE - 1)
+    here = pm.address(mv)
     where = bytearray(8)
-    c.exchange(sends=[(peer, struct.pack("<Q", pm.address(mv)))], recvs=[(peer, where)])
+    c.exchange(sends=[(peer, struct.pack("<Q", here))], recvs=[(peer, where)])
+    there = int.from_bytes(where, "little")
     if c.rank == root:
-        dest = int.from_bytes(where, "little")
-
-        def second_half():
-            pm.write(peer, pm.address(mv) + half, dest + half, n - half)
-        c.exchange(sends=[(peer, mv[:half])], meanwhile=second_half)
-        c.send(peer, _NOTHING)
+        pm.write(peer, here + half, there + half, n - half)
     else:
-        # the first half, then the root's word that the second is in place
-        c.exchange(recvs=[(root, mv[:half]), (root, memoryview(bytearray(0)))])
+        pm.read(peer, here, there, half)
+    c.exchange(sends=[(peer, _NOTHING)], recvs=[(peer, memoryview(bytearray(0)))])
 
 
 def list_applies(c, nbytes):
