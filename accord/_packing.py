@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 
-from .buffers import BF16_CODE, is_torch_tensor, torch_ndarray
+from .buffers import (BF16_CODE, CACHE_BYTES, Buf, cached_torch_buf, is_torch_tensor,
+                      remember_torch_buf, torch_ndarray)
 
 DEFAULT_BUCKET_BYTES = 25 << 20
 
@@ -47,6 +48,9 @@ def _name(name):
 
 
 def _torch_view(obj, name):
+    buf = cached_torch_buf(obj)      # a small tensor a collective has seen lately
+    if buf is not None:
+        return buf.arr, buf.dtype_code, buf.dtype_name
     torch = sys.modules["torch"]
     if not obj.is_cpu:
         raise TypeError(f"{_name(name)}: tensor on device {obj.device} is not supported by "
@@ -58,6 +62,10 @@ def _torch_view(obj, name):
     except TypeError as e:
         raise TypeError(f"{_name(name)}: torch dtype {t.dtype} cannot cross a buffer: "
                         f"{e}") from None
+    if arr.flags.c_contiguous and arr.nbytes <= CACHE_BYTES:
+        buf = Buf(arr, arr.shape, None, t.dtype is torch.bfloat16)
+        remember_torch_buf(obj, buf)
+        return buf.arr, buf.dtype_code, buf.dtype_name
     if t.dtype is torch.bfloat16:
         return arr, BF16_CODE, "bfloat16"
     return arr, arr.dtype.num, _dtype_name(arr.dtype)

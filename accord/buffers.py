@@ -144,22 +144,34 @@ def is_torch_tensor(obj):
 # strides and dtype, so resize_, set_, .data = and FSDP's storage resizing all make a
 # fresh one. An entry keeps its tensor alive (its array holds the tensor's memory
 # through DLPack, and torch then keeps the Python object too), so only tensors of at
-# most _CACHE_BYTES are kept, the last _CACHE_MAX of them: at most 16 MiB.
+# most CACHE_BYTES are kept, the last _CACHE_MAX of them: at most 16 MiB.
 _TORCH_BUFS = {}       # id(t) -> (t, data_ptr, shape, stride, dtype, Buf)
 _CACHE_MAX = 256
-_CACHE_BYTES = 64 << 10
+CACHE_BYTES = 64 << 10
 
 
-def _from_torch(t, name, writable):
+def cached_torch_buf(t):
+    """The Buf kept for tensor t if it still describes t's memory, else None."""
     e = _TORCH_BUFS.get(id(t))
     if e is not None and e[0] is t and t.data_ptr() == e[1] and t.shape == e[2] and \
             t.dtype is e[4] and t.stride() == e[3]:
         return e[5]
-    buf = _make_torch_buf(t, name, writable)
-    if buf._writeback is None and buf.nbytes <= _CACHE_BYTES:
+    return None
+
+
+def remember_torch_buf(t, buf):
+    """Keep buf (a view of all of contiguous tensor t, no write-back) if t is small."""
+    if buf._writeback is None and buf.nbytes <= CACHE_BYTES:
         if len(_TORCH_BUFS) >= _CACHE_MAX:
             del _TORCH_BUFS[next(iter(_TORCH_BUFS))]     # the oldest
         _TORCH_BUFS[id(t)] = (t, t.data_ptr(), t.shape, t.stride(), t.dtype, buf)
+
+
+def _from_torch(t, name, writable):
+    buf = cached_torch_buf(t)
+    if buf is None:
+        buf = _make_torch_buf(t, name, writable)
+        remember_torch_buf(t, buf)
     return buf
 
 
