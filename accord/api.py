@@ -30,7 +30,8 @@ _IN_PLACE_MIN = 64 << 10
 
 def _finish(*bufs):
     for b in bufs:
-        b.finish()
+        if b._writeback is not None:     # only a non-contiguous original needs it
+            b._writeback()
 
 
 # -- collectives ----------------------------------------------------------------
@@ -58,7 +59,7 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
 
 
 def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout, call):
-    total = sum(b.nbytes for b in blocks)
+    total = sum([b.nbytes for b in blocks])
     forced = g.options.algorithms
 
     mine_block = blocks[g.rank]
@@ -129,7 +130,7 @@ def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor,
     mine = as_buf(tensor, "tensor", writable=False)
     outs = buf_list(g, tensor_list, "tensor_list")
     same_dtype(mine, outs, "tensor_list", "tensor")
-    same_size(outs[g.rank], mine, f"tensor_list[{g.rank}]", "tensor")
+    same_size(outs[g.rank], mine, "tensor_list", "tensor", g.rank)
     blocks = [o.arr for o in outs]
     return _all_gather_blocks(g, "all_gather", blocks, mine, outs, async_op, timeout,
                               ("all_gather", -1, {"tensor": tensor, "tensor_list": tensor_list}))
@@ -218,7 +219,7 @@ def gather(tensor: Tensor, gather_list: Optional[Sequence[Tensor]] = None,
     outs = optional_list(g, gather_list, "gather_list", g.rank == root, "dst")
     if outs is not None:
         same_dtype(mine, outs, "gather_list", "tensor")
-        same_size(outs[root], mine, f"gather_list[{root}]", "tensor")
+        same_size(outs[root], mine, "gather_list", "tensor", root)
 
     def body(c):
         if outs is not None:
@@ -272,7 +273,7 @@ def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
     ins = optional_list(g, scatter_list, "scatter_list", g.rank == root, "src", writable=False)
     if ins is not None:
         same_dtype(mine, ins, "scatter_list", "tensor")
-        same_size(ins[root], mine, f"scatter_list[{root}]", "tensor")
+        same_size(ins[root], mine, "scatter_list", "tensor", root)
 
     def body(c):
         own = None
@@ -399,7 +400,7 @@ def reduce_scatter(output: Tensor, input_list: Sequence[Tensor], op: ReduceOp = 
     ins = [as_buf(t, f"input_list[{i}]", writable=False) for i, t in
            enumerate(check_len(g, input_list, "input_list"))]
     same_dtype(out, ins, "input_list", "output")
-    same_size(ins[g.rank], out, f"input_list[{g.rank}]", "output")
+    same_size(ins[g.rank], out, "input_list", "output", g.rank)
     check_op(op, out)
     counts = [b.numel for b in ins]
     return _reduce_scatter_blocks(g, out, counts, lambda: np.concatenate([b.arr for b in ins]),

@@ -52,9 +52,12 @@ def same_dtype(ref, bufs, arg, ref_arg):
                             f"{ref.dtype_name}")
 
 
-def same_size(a, b, arg, ref_arg):
-    """a holds as many bytes as b."""
+def same_size(a, b, arg, ref_arg, index=None):
+    """a holds as many bytes as b; a is arg[index] when index is given (named so
+    only in the error: formatting it on every call cost more than the check)."""
     if a.nbytes != b.nbytes:
+        if index is not None:
+            arg = f"{arg}[{index}]"
         raise ValueError(f"{arg}: holds {a.numel} elements ({a.describe()}) but {ref_arg} holds "
                          f"{b.numel} ({b.describe()})")
 

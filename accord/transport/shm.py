@@ -620,8 +620,8 @@ class ShmTransport(Reports):
         """
         self._check_usable()
         links = self.links
-        if meanwhile is not None and all(len(b) <= _INLINE and len(b) < self.cma_min
-                                         for _, b in sends):
+        if meanwhile is not None and all([len(b) <= _INLINE and len(b) < self.cma_min
+                                          for _, b in sends]):
             # small sends are copied into the ring, not read by the peers from this
             # process: nothing would overlap the local work
             meanwhile()
