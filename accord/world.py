@@ -91,12 +91,15 @@ def _build_group(w, name, ranks, timeout):
     return g
 
 
-def group_from_store(store, rank, size, timeout=None, name="default", ranks=None):
-    """A standalone member group over a store someone else set up (accord.torch).
+def group_from_store(store, rank, size, timeout=None, name="default", ranks=None,
+                     master_host=None):
+    """A standalone member group over a store someone else set up (accord.torch, accord.ray).
 
     store: anything with set/get (bytes)/add/wait, e.g. a torch.distributed
     Store, already private to this group. rank/size are group-local; ranks
     are the members' global ranks (used in messages), default range(size).
+    master_host: a host every member reaches (the store's); this process listens
+    on the interface that routes there (default: MASTER_ADDR, else loopback).
     The group is not part of accord's own world: its owner destroys it.
     """
     options = Options.from_env()
@@ -105,7 +108,7 @@ def group_from_store(store, rank, size, timeout=None, name="default", ranks=None
     if len(ranks) != size or not 0 <= rank < size:
         raise ValueError(f"rank {rank} / size {size} / ranks {ranks} do not agree")
     g = ProcessGroup(name, ranks, ranks[rank], timeout=timeout, options=options)
-    connect(g, store, local_address(options, _master_host(None)), timeout)
+    connect(g, store, local_address(options, master_host or _master_host(None)), timeout)
     return g
 
 
