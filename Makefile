@@ -1,5 +1,5 @@
 # make demo   creates .venv, installs accord (numpy only), runs every example under `accord run -n 4`
-#              (elastic_training.py with --max-restarts 1)
+#              (elastic_training.py with --max-restarts 1; examples/ray_*.py with python where Ray is installed)
 # make test   creates .venv, installs accord with its test extras, runs the test suite
 # make docs   creates .venv, installs the docs extra, builds the site into site/ (warnings are errors)
 
@@ -13,6 +13,8 @@ DOCS_STAMP := $(VENV)/.accord-docs
 NPROC  ?= 4
 DEMOS  := broadcast all_gather scatter mlp_sync uneven_shards eval_metrics async_overlap torch_ddp torch_accelerate \
           torch_fsdp torch_dtensor torch_checkpoint torch_pipeline
+# run with python (each starts a local Ray), where ray is installed (the "ray" extra)
+RAY_DEMOS := ray_collective ray_train
 
 .PHONY: demo test docs install clean
 
@@ -44,7 +46,12 @@ demo: $(DEMO_STAMP)
 		$(VENV)/bin/accord run -n $(NPROC) examples/$$demo.py; \
 	done; \
 	echo "== accord run -n $(NPROC) --max-restarts 1 examples/elastic_training.py (a rank kills itself; its restart is admitted)"; \
-	$(VENV)/bin/accord run -n $(NPROC) --max-restarts 1 examples/elastic_training.py
+	$(VENV)/bin/accord run -n $(NPROC) --max-restarts 1 examples/elastic_training.py; \
+	if $(PY) -c 'import ray, torch' 2>/dev/null; then \
+		for demo in $(RAY_DEMOS); do echo "== python examples/$$demo.py (a local Ray)"; $(PY) examples/$$demo.py; done; \
+	else \
+		echo "== skipping examples/ray_*.py: they need Ray and PyTorch ($(VENV)/bin/pip install -e '.[ray]' torch, or make test)"; \
+	fi
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q

@@ -131,7 +131,9 @@ class TwoNodeCluster:
         path = [REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         return dict(os.environ, ACCORD_HOST_ID=self.ns[node], PYTHONPATH=os.pathsep.join(path),
                     RAY_USAGE_STATS_ENABLED="0", ACCORD_TIMEOUT="60", RAY_AUTH_MODE="token",
-                    RAY_AUTH_TOKEN=self.token)
+                    RAY_AUTH_TOKEN=self.token,
+                    # gloo finds its address from the host name, which resolves outside
+                    GLOO_SOCKET_IFNAME=self.veth[node])
 
     def _node(self, node, args):
         ray_cli = os.path.join(os.path.dirname(self.python), "ray")
