@@ -82,7 +82,7 @@ class TwoNodeCluster:
                     os.killpg(p.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 8        # then SIGKILL: a test waits for this
         for p in self.procs:
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
