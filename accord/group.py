@@ -314,6 +314,9 @@ class ProcessGroup:
                     fut.set_exception(e)
             with self._issue_lock:
                 self._pending -= 1
+            # the call's closure holds its tensors: held here until the next call came,
+            # an async op's buffers (up to its whole size) outlived its Work's wait()
+            del item, body, fut
 
     def _execute(self, opname, body, stamp, timeout, entry):
         rec = self.recorder

@@ -16,11 +16,14 @@ still in /dev/shm at the end (none over TCP, which makes none). With
 result was wrong or something leaked.
 """
 import argparse
+import ctypes
+import gc
 import json
 import os
 import sys
 import threading
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -29,12 +32,45 @@ import accord
 _DTYPES = (np.int64, np.int32, np.float64, np.uint8)
 
 
-def _rss_kib():
+def _status():
+    """VmRSS and its parts (RssAnon: the heaps; RssShmem: mapped /dev/shm pages;
+    RssFile: code and libraries), in KiB."""
+    out = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssShmem", "RssFile"):
+                out[key] = int(rest.split()[0])
+    return out
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                "keepcost")]
+
+
+def _malloc_kib():
+    """(bytes malloc has handed out and not had back, free bytes it holds), in KiB:
+    glibc's mallinfo2 over every arena; (None, None) elsewhere."""
+    try:
+        f = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None, None
+    f.restype = _MallInfo2
+    m = f()
+    return (m.uordblks + m.hblkhd) >> 10, m.fordblks >> 10
+
+
+def _sample(t0):
+    st = _status()
+    used, free = _malloc_kib()
+
+    return {"t": round(time.monotonic() - t0, 1), "rss": st["VmRSS"], "anon": st.get("RssAnon"),
+            "shmem": st.get("RssShmem"), "malloc_used": used, "malloc_free": free,
+            "objects": len(gc.get_objects()),
+            "traced": tracemalloc.get_traced_memory()[0] >> 10
+            if tracemalloc.is_tracing() else None}
 
 
 def _fds():
@@ -117,58 +153,141 @@ def shm_left(report, settle_s=2.0):
         time.sleep(0.1)
 
 
-def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0):
-    """Run the soak in an initialised job for `duration` seconds; return the report
-    (rank 0's: every rank's figures gathered), or None on other ranks."""
+_CONTINUE, _STOP, _SAMPLE, _FAULT = 1, 0, 2, 3
+WARM_UP = 0.2          # the first fifth of the run is warm-up (see growth())
+
+
+def growth(samples, key="rss"):
+    """How much `key` grew after warm-up: (largest value sampled after the first fifth
+    of the run - the value at the first sample of the rest) / that value.
+
+    Samples are taken at quiescent points (every rank waited at a barrier, no message
+    in flight, no array of the soak alive), so the figure is what the process keeps,
+    not the op that happened to be running. None with fewer than two such samples."""
+    if not samples:
+        return None
+    end = samples[-1]["t"]
+    after = [s for s in samples if s["t"] >= WARM_UP * end]
+    if len(after) < 2 or not after[0][key]:
+        return None
+    return (max(s[key] for s in after) - after[0][key]) / after[0][key]
+
+
+def _fault(kind, rank, world, stop_s):
+    """Inject `kind` on the victim (the last rank), at the same op on every rank."""
+    import signal
+    import subprocess
+    victim = world - 1
+    if kind in ("stop-short", "stop-long") and rank == victim:
+        subprocess.Popen(["sh", "-c", f"sleep {stop_s}; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif kind == "kill":
+        # 64 MiB all_reduces, the victim SIGKILLed a moment into the first one
+        x = np.full(16 << 20, rank + 1, np.float32)
+        if rank == victim:
+            threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        for _ in range(20):
+            x[:] = rank + 1
+            accord.all_reduce(x)
+    elif kind == "partition":
+        # benchmarks/soak.py's run_partition drops the packets between the two hosts
+        # when every rank has written its mark (the soak goes on meanwhile)
+        with open(os.path.join(os.environ["SOAK_MARKS"], f"rank{rank}"), "w") as f:
+            f.write(str(time.time()))
+
+
+def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, fault_at=None,
+         stop_s=None):
+    """Run the soak in an initialised job for `duration` seconds.
+
+    Returns rank 0's report (every rank's figures gathered), or None on other ranks.
+    With `fault` ("stop-short", "stop-long", "kill", "partition") the last rank is
+    stopped for `stop_s` seconds, or killed during 64 MiB all_reduces, or cut off,
+    `fault_at` seconds in (default: half way); a rank whose op then fails returns
+    its own report with "error" (type, message, seconds after the fault) at once,
+    as does every rank when nothing failed."""
     rank, world = accord.get_rank(), accord.get_world_size()
     subgroups = [(m, accord.new_group(m)) for m in
                  ([0, 1], list(range(world))[1:], list(range(0, world, 2)))]
     rng = np.random.default_rng(seed)
     ops = wrong = 0
     t0 = time.monotonic()
-    warm_rss = None
-    rss = []
+    fault_at = duration / 2 if fault_at is None else fault_at
+    fault_t = None                       # time.time() of the fault on this rank
     next_sample = t0 + sample_s
     flag = np.zeros(1, np.int64)
-    while True:
-        if ops % 20 == 0:
-            flag[0] = int(time.monotonic() - t0 < duration) if rank == 0 else 0
-            accord.broadcast(flag, src=0)
-            if not flag[0]:
-                break
-        wrong += _one_op(rng, rank, world, subgroups, max_bytes)
-        ops += 1
-        now = time.monotonic()
-        if now >= next_sample:
-            rss.append(_rss_kib())
-            if warm_rss is None and now - t0 >= min(30.0, duration / 4):
-                # after warm-up: every group, thread and buffer pool exists by now
-                warm_rss, fds0, threads0 = max(rss), _fds(), threading.active_count()
-            next_sample = now + sample_s
+    samples, fds0, threads0, snap0 = [], None, None, None
+    error = None
+    try:
+        while True:
+            if ops % 20 == 0:
+                if rank == 0:
+                    now = time.monotonic()
+                    flag[0] = (_STOP if now - t0 >= duration else
+                               _FAULT if fault and fault_t is None and now - t0 >= fault_at else
+                               _SAMPLE if now >= next_sample else _CONTINUE)
+                accord.broadcast(flag, src=0)
+                if flag[0] == _STOP:
+                    break
+                if flag[0] == _SAMPLE:
+                    accord.barrier()             # quiescent: nothing in flight anywhere
+                    samples.append(_sample(t0))
+                    next_sample = time.monotonic() + sample_s
+                    if fds0 is None and samples[-1]["t"] >= WARM_UP * duration:
+                        # every group, thread and buffer exists by now
+                        fds0, threads0 = _fds(), threading.active_count()
+                        if tracemalloc.is_tracing():
+                            snap0 = tracemalloc.take_snapshot()
+                if flag[0] == _FAULT:
+                    fault_t = time.time()
+                    _fault(fault, rank, world, stop_s)
+            wrong += _one_op(rng, rank, world, subgroups, max_bytes)
+            ops += 1
+    except accord.AccordError as e:
+        if fault is None:
+            raise
+        error = [type(e).__name__, str(e),
+                 None if fault_t is None else round(time.time() - fault_t, 2)]
     elapsed = time.monotonic() - t0
+    mine = {"rank": rank, "ops": ops, "wrong": wrong, "samples": samples}
+    if fault is not None:
+        mine.update(fault=fault, fault_time=fault_t, error=error)
+        return mine
+    grown = []
+    if snap0 is not None:
+        # where Python-visible memory (numpy's buffers included) grew after warm-up
+        grown = [f"{st.traceback[0].filename}:{st.traceback[0].lineno} "
+                 f"{st.size_diff / 1024:+.0f} KiB ({st.count_diff:+d} blocks)"
+                 for st in tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:8]]
     fds1, threads1 = _fds(), threading.active_count()
     arenas = sorted({getattr(g.transport, "arena_path", "") for g in
                      [accord.world.default_group()] + [g for _, g in subgroups if g is not None]
                      if g.transport is not None} - {""})
-    if warm_rss is None:
+    if fds0 is None:
         fds0, threads0 = fds1, threads1
     for _, g in subgroups:
         if g is not None:
             accord.destroy_process_group(g)
     accord.barrier()
-    mine = {"rank": rank, "ops": ops, "wrong": wrong, "rss_kib": rss or [_rss_kib()],
-            "warm_rss_kib": warm_rss or _rss_kib(), "end_rss_kib": _rss_kib(),
-            "fds": [fds0, fds1], "threads": [threads0, threads1], "arenas": arenas}
+    mine.update(fds=[fds0, fds1], threads=[threads0, threads1], arenas=arenas,
+                rss_growth=growth(samples), anon_growth=growth(samples, "anon"),
+                malloc_used_growth=growth(samples, "malloc_used"), traced_growth=grown)
     every = [None] * world
     accord.all_gather_object(every, mine)
     if rank != 0:
         return None
+
+    def worst(key):
+        vals = [e[key] for e in every if e[key] is not None]
+        return round(max(vals), 4) if vals else None
     return {"world": world, "transport": os.environ.get("ACCORD_TRANSPORT", "auto"),
             "seconds": round(elapsed, 1), "ops": ops, "ops_per_s": round(ops / elapsed, 1),
             "wrong": sum(e["wrong"] for e in every),
-            "rss_growth_after_warmup": max(
-                (max(e["rss_kib"]) - e["warm_rss_kib"]) / e["warm_rss_kib"] for e in every),
-            "ranks": every}
+            "warm_up": f"the first {WARM_UP:.0%} of the run",
+            "rss_growth_after_warmup": worst("rss_growth"),
+            "anon_growth_after_warmup": worst("anon_growth"),
+            "malloc_used_growth_after_warmup": worst("malloc_used_growth"),
+            "loadavg": os.getloadavg(), "ranks": every}
 
 
 def main(argv=None):
@@ -177,10 +296,28 @@ def main(argv=None):
     p.add_argument("--max-bytes", type=int, default=16 << 20, help="largest message (16 MiB)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--json", default=None, help="also write rank 0's report here")
+    p.add_argument("--sample-s", type=float, default=5.0, help="seconds between samples")
+    p.add_argument("--tracemalloc", action="store_true",
+                   help="trace Python allocations (slow): report where they grew after warm-up")
+    p.add_argument("--fault", choices=("stop-short", "stop-long", "kill"), default=None,
+                   help="half way, stop the last rank (SIGSTOP) for --stop-s seconds, or "
+                        "SIGKILL it during 64 MiB all_reduces; every rank prints its outcome")
+    p.add_argument("--stop-s", type=float, default=None,
+                   help="how long --fault stop-* stops the rank")
     args = p.parse_args(argv)
+    if args.tracemalloc:
+        tracemalloc.start()
     accord.init_process_group()
-    report = soak(args.duration, args.max_bytes, args.seed)
-    rank = accord.get_rank()
+    report = soak(args.duration, args.max_bytes, args.seed, args.sample_s, fault=args.fault,
+                  stop_s=args.stop_s)
+    if args.fault:
+        print(json.dumps({k: report[k] for k in ("rank", "ops", "wrong", "fault", "error")}),
+              flush=True)
+        try:
+            accord.destroy_process_group()
+        except accord.AccordError:
+            pass
+        return 0
     accord.destroy_process_group()
     if report is None:
         return 0
