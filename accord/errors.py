@@ -3,7 +3,8 @@
 Whose fault each is: ValueError/TypeError are the caller's (raised before any
 byte moves); CommTimeout and PeerLost are the job's (a peer was slow or died);
 Desync is the program's (ranks disagree about what they are doing);
-GroupClosed means the group was destroyed or broken by an earlier failure.
+GroupClosed means the group was destroyed or broken by an earlier failure;
+HandshakeRefused means a peer could not prove it belongs to this job.
 """
 from typing import Optional
 
@@ -53,6 +54,16 @@ class GroupClosed(AccordError):
 
     After a collective of a group fails (PeerLost, CommTimeout, Desync), every
     later call on it raises GroupClosed naming that first error.
+    """
+
+
+class HandshakeRefused(AccordError):
+    """A connection between two ranks failed its proof: the other end does not know the
+    job's secret (ACCORD_STORE_TOKEN differs between ranks, or another process holds
+    the published address), refused this rank's proof, or failed the TLS handshake.
+
+    Raised at once by the rank that dialled, rather than after its timeout. torch's
+    backends have no such check (any process that reaches the port joins).
     """
 
 

@@ -2,18 +2,38 @@
 
     accord run -n 4 benchmarks/soak.py --duration 600            # shared memory
     ACCORD_TRANSPORT=tcp accord run -n 4 benchmarks/soak.py --duration 600
+    python benchmarks/soak.py --faults                          # faults under load
 
 Every rank draws the same random program (one seed): all_reduce, broadcast
 from a random root, all_gather, reduce_scatter, all_to_all, a ring of
 isend/irecv, an all_reduce on a random subgroup, async all_reduces waited
 together; sizes log-uniform from 0 B to --max-bytes (16 MiB), integer dtypes
-(and float64 holding integers) so every expected value is exact. Rank 0
-prints one JSON line: ops, ops/s, wrong results, peak RSS per rank over time
-(after warm-up and at the end), open file descriptors and threads after
-warm-up and at the end, and which of its groups' shared-memory arenas are
-still in /dev/shm at the end (none over TCP, which makes none). With
---json FILE it also writes that line there. The exit status is 1 when any
-result was wrong or something leaked.
+(and float64 holding integers) so every expected value is exact.
+
+Every --sample-s seconds (5) all ranks meet at a barrier and sample their memory
+there, where no message is in flight and no array of the soak is alive: RSS and
+its parts (RssAnon: the heaps; RssShmem: pages of /dev/shm arenas touched so
+far), what glibc's malloc has handed out and not had back ("malloc_used") and the
+free memory it keeps for reuse instead of returning it ("malloc_free"), and the
+number of Python objects. Warm-up is the first fifth of the run; a figure's
+growth after warm-up is (its largest sample after warm-up - its first sample
+after warm-up) / that first sample, per rank, the worst rank reported. A leak
+shows as malloc_used (or the objects) growing; RSS growing with malloc_used flat
+is the allocator's free memory (see the README's soak section).
+
+Rank 0 prints one JSON line: ops, ops/s, wrong results, the growths, the load
+average, every rank's samples, open file descriptors and threads after warm-up
+and at the end, and which of the job's shared-memory arenas are still in
+/dev/shm at the end (none over TCP, which makes none). With --json FILE it also
+writes that line there. The exit status is 1 when any result was wrong or
+something leaked (fds, threads, /dev/shm). --tracemalloc adds where Python
+allocations grew after warm-up (slow).
+
+--faults runs each fault scenario under load as a job of its own and prints one
+line per scenario: a rank stopped (SIGSTOP) for less than the timeout, and for
+longer; a rank SIGKILLed during 64 MiB all_reduces; and, as root, a partition
+between two network namespaces that drops every packet (run_fault,
+run_partition; tests/test_faults_under_load.py runs the same).
 """
 import argparse
 import ctypes
@@ -209,6 +229,9 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
     rank, world = accord.get_rank(), accord.get_world_size()
     subgroups = [(m, accord.new_group(m)) for m in
                  ([0, 1], list(range(world))[1:], list(range(0, world, 2)))]
+    arenas = sorted({getattr(g.transport, "arena_path", "") for g in
+                     [accord.world.default_group()] + [g for _, g in subgroups if g is not None]
+                     if g.transport is not None} - {""})
     rng = np.random.default_rng(seed)
     ops = wrong = 0
     t0 = time.monotonic()
@@ -247,11 +270,11 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
         if fault is None:
             raise
         error = [type(e).__name__, str(e),
-                 None if fault_t is None else round(time.time() - fault_t, 2)]
+                 None if fault_t is None else round(time.time() - fault_t, 2), time.time()]
     elapsed = time.monotonic() - t0
     mine = {"rank": rank, "ops": ops, "wrong": wrong, "samples": samples}
     if fault is not None:
-        mine.update(fault=fault, fault_time=fault_t, error=error)
+        mine.update(fault=fault, fault_time=fault_t, error=error, arenas=arenas)
         return mine
     grown = []
     if snap0 is not None:
@@ -260,9 +283,6 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
                  f"{st.size_diff / 1024:+.0f} KiB ({st.count_diff:+d} blocks)"
                  for st in tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:8]]
     fds1, threads1 = _fds(), threading.active_count()
-    arenas = sorted({getattr(g.transport, "arena_path", "") for g in
-                     [accord.world.default_group()] + [g for _, g in subgroups if g is not None]
-                     if g.transport is not None} - {""})
     if fds0 is None:
         fds0, threads0 = fds1, threads1
     for _, g in subgroups:
@@ -290,29 +310,298 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
             "loadavg": os.getloadavg(), "ranks": every}
 
 
+# -- faults under load, each in a job of its own ---------------------------------------
+
+VICTIM_OF = {"stop-short": 3, "stop-long": 3, "kill": 3}
+_FAULT_ENV = {"ACCORD_STORE_TOKEN": "soak-fault-secret"}
+
+
+def _rank_reports(prefix, world):
+    out = {}
+    for r in range(world):
+        try:
+            with open(f"{prefix}.rank{r}") as f:
+                out[r] = json.loads(f.read())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _processes_of(marker):
+    """pids whose command line holds `marker` (this job's report prefix)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+def _stop(procs):
+    import signal
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        p.wait()
+
+
+def run_fault(kind, transport="shm", timeout=5.0, workdir=None):
+    """Run one fault scenario under load as a job of its own (`accord run -n 4
+    --keep-going soak.py --fault KIND`): the soak runs 2 s, then the last rank is
+    stopped for 2 s (stop-short, ACCORD_TIMEOUT 20), stopped for timeout + 8 s
+    (stop-long, ACCORD_TIMEOUT=timeout) or SIGKILLed 50 ms into 64 MiB all_reduces
+    (kill). Returns the report: every rank's outcome, what is left in /dev/shm and
+    which processes of the job outlived it, and `problems` (empty when the job
+    behaved as it must)."""
+    import subprocess
+    import tempfile
+    workdir = workdir or tempfile.mkdtemp(prefix="soak-fault-")
+    prefix = os.path.join(workdir, f"{kind}-{transport}-{os.getpid()}-{time.time_ns()}")
+    env_timeout = 20.0 if kind == "stop-short" else 30.0 if kind == "kill" else timeout
+    stop_s = {"stop-short": 2.0, "stop-long": timeout + 8}.get(kind)
+    duration = 6.0 if kind == "stop-short" else 60.0
+    cmd = [sys.executable, "-m", "accord", "run", "-n", "4", "--keep-going",
+           os.path.abspath(__file__), "--fault", kind, "--duration", str(duration),
+           "--max-bytes", str(4 << 20), "--json", prefix]
+    if stop_s:
+        cmd += ["--stop-s", str(stop_s)]
+    env = dict(os.environ, ACCORD_TRANSPORT=transport, ACCORD_TIMEOUT=str(env_timeout),
+               **_FAULT_ENV)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    try:
+        output = p.communicate(timeout=duration + env_timeout + 60)[0].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        _stop([p])
+        output = "(the job did not end in time)"
+    time.sleep(0.5)
+    ranks = _rank_reports(prefix, 4)
+    report = {"fault": kind, "transport": transport, "timeout_s": env_timeout,
+              "stop_s": stop_s, "ranks": ranks,
+              "shm_left": shm_left({"ranks": list(ranks.values())}),
+              "processes_left": _processes_of(prefix)}
+    report["problems"] = _problems(report, output)
+    return report
+
+
+def _problems(report, output):
+    kind, ranks, victim = report["fault"], report["ranks"], 3
+    problems = []
+    others = [r for r in range(4) if r != victim]
+    if kind == "stop-short":
+        for r in range(4):
+            e = ranks.get(r)
+            if e is None or e["error"] is not None or e["wrong"]:
+                problems.append(f"rank {r}: {e}")
+    else:
+        want = "CommTimeout" if kind == "stop-long" else "PeerLost"
+        limit = report["timeout_s"] + 5 if kind == "stop-long" else 5.0
+        for r in others:
+            e = ranks.get(r)
+            err = e and e["error"]
+            if not err or err[0] != want or f"rank {victim}" not in err[1] or err[2] > limit:
+                problems.append(f"rank {r}: wanted {want} naming rank {victim} within "
+                                f"{limit:g} s of the fault, got {err or e}")
+        if kind == "kill" and victim in ranks:
+            problems.append("the killed rank reported")
+    if report["shm_left"]:
+        problems.append(f"left in /dev/shm: {report['shm_left']}")
+    if report["processes_left"]:
+        problems.append(f"processes left: {report['processes_left']}")
+    if problems:
+        problems.append("job output:\n" + output[-3000:])
+    return problems
+
+
+def _sh(*cmd):
+    import subprocess
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+
+
+def _build_two_hosts(tag):
+    """Two network namespaces joined by a veth pair; returns ((ns, addr, dev), ...) or
+    raises RuntimeError saying which step this machine refused."""
+    import random
+    net = f"10.{random.randint(100, 250)}.{random.randint(1, 250)}"
+    a, b = f"{tag}a", f"{tag}b"
+    steps = [["ip", "netns", "add", a], ["ip", "netns", "add", b],
+             ["ip", "link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"],
+             ["ip", "link", "set", f"{tag}va", "netns", a],
+             ["ip", "link", "set", f"{tag}vb", "netns", b],
+             ["ip", "-n", a, "addr", "add", f"{net}.1/24", "dev", f"{tag}va"],
+             ["ip", "-n", b, "addr", "add", f"{net}.2/24", "dev", f"{tag}vb"],
+             ["ip", "-n", a, "link", "set", f"{tag}va", "up"],
+             ["ip", "-n", b, "link", "set", f"{tag}vb", "up"],
+             ["ip", "-n", a, "link", "set", "lo", "up"], ["ip", "-n", b, "link", "set", "lo", "up"]]
+    for cmd in steps:
+        res = _sh(*cmd)
+        if res.returncode != 0:
+            raise RuntimeError(f"cannot build network namespaces here: {' '.join(cmd)}: "
+                               f"{res.stderr.strip()}")
+    return (a, f"{net}.1", f"{tag}va"), (b, f"{net}.2", f"{tag}vb")
+
+
+def _remove_namespace(ns):
+    import signal
+    res = _sh("ip", "netns", "pids", ns)
+    for pid in res.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    _sh("ip", "netns", "del", ns)
+
+
+def partition_unavailable():
+    """Why run_partition cannot run on this machine, or None."""
+    import shutil
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"no {tool} command"
+    return None
+
+
+def run_partition(timeout=5.0, workdir=None):
+    """A network partition under load: two hosts (network namespaces joined by a veth
+    pair, ranks 0-1 on one, 2-3 on the other, TCP between every pair), the soak runs,
+    then every packet between the hosts is dropped, not refused: a `pfifo limit 0`
+    queue on both ends of the veth (no reset, no ICMP: as a cut cable or a firewall
+    that drops). Every rank must raise an accord error naming a rank of the other host
+    within ACCORD_TIMEOUT=timeout + 5 s. Returns the report, as run_fault's."""
+    import subprocess
+    import tempfile
+    import random
+    why = partition_unavailable()
+    if why:
+        return {"fault": "partition", "skipped": why, "problems": []}
+    workdir = workdir or tempfile.mkdtemp(prefix="soak-partition-")
+    marks = tempfile.mkdtemp(prefix="marks-", dir=workdir)
+    prefix = os.path.join(workdir, f"partition-{os.getpid()}-{time.time_ns()}")
+    tag = f"sp{os.getpid() % 100000}"
+    hosts = []
+    procs = []
+    try:
+        try:
+            hosts = _build_two_hosts(tag)
+        except RuntimeError as e:
+            return {"fault": "partition", "skipped": str(e), "problems": []}
+        (ns_a, addr_a, _), _ = hosts
+        port = str(random.randint(20000, 40000))
+        for node, (ns, _, _) in enumerate(hosts):
+            env = dict(os.environ, ACCORD_TIMEOUT=str(timeout), ACCORD_TRANSPORT="tcp",
+                       ACCORD_HOST_ID=ns, SOAK_MARKS=marks, **_FAULT_ENV)
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes",
+                 "2", "--node-rank", str(node), "--master-addr", addr_a, "--master-port", port,
+                 "-n", "2", "--keep-going", os.path.abspath(__file__), "--fault", "partition",
+                 "--duration", "120", "--max-bytes", str(4 << 20), "--json", prefix],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True))
+        deadline = time.monotonic() + 60
+        while len(os.listdir(marks)) < 4 and time.monotonic() < deadline and \
+                all(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        if len(os.listdir(marks)) < 4:
+            _stop(procs)
+            out = b"".join(p.stdout.read() for p in procs).decode(errors="replace")
+            return {"fault": "partition", "problems": [f"the job did not start: {out[-3000:]}"]}
+        time.sleep(0.5)                        # under load: the soak goes on a moment
+        for ns, _, dev in hosts:
+            res = _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "pfifo", "limit", "0")
+            if res.returncode != 0:
+                _stop(procs)
+                return {"fault": "partition", "skipped": f"cannot drop packets here: "
+                        f"{res.stderr.strip()}", "problems": []}
+        t_drop = time.time()
+        deadline = time.monotonic() + timeout + 30
+        while len(_rank_reports(prefix, 4)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        _stop(procs)
+        for ns, _, _ in hosts:
+            _remove_namespace(ns)
+    output = b"".join(p.stdout.read() for p in procs).decode(errors="replace")
+    ranks = _rank_reports(prefix, 4)
+    report = {"fault": "partition", "transport": "tcp", "timeout_s": timeout, "ranks": ranks,
+              "error_after_drop_s": {r: round(e["error"][3] - t_drop, 2)
+                                     for r, e in ranks.items() if e.get("error")},
+              "processes_left": _processes_of(prefix)}
+    problems = []
+    for r in range(4):
+        other = (2, 3) if r < 2 else (0, 1)
+        e = ranks.get(r)
+        err = e and e.get("error")
+        if not err or not any(f"rank {o}" in err[1] for o in other) or \
+                err[3] - t_drop > timeout + 5:
+            problems.append(f"rank {r}: wanted an error naming rank {other[0]} or {other[1]} "
+                            f"within {timeout + 5:g} s of the drop, got {err or e}")
+    if report["processes_left"]:
+        problems.append(f"processes left: {report['processes_left']}")
+    if problems:
+        problems.append("job output:\n" + output[-3000:])
+    report["problems"] = problems
+    return report
+
+
+def run_faults(transports=("shm", "tcp"), timeout=5.0):
+    """Every fault scenario: run_fault for each kind and transport, and run_partition."""
+    out = [run_fault(kind, t, timeout) for kind in ("stop-short", "stop-long", "kill")
+           for t in transports]
+    return out + [run_partition(timeout)]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")
     p.add_argument("--max-bytes", type=int, default=16 << 20, help="largest message (16 MiB)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--json", default=None, help="also write rank 0's report here")
+    p.add_argument("--json", default=None,
+                   help="also write rank 0's report here (with --fault: each rank's to "
+                        "JSON.rankN)")
     p.add_argument("--sample-s", type=float, default=5.0, help="seconds between samples")
     p.add_argument("--tracemalloc", action="store_true",
                    help="trace Python allocations (slow): report where they grew after warm-up")
-    p.add_argument("--fault", choices=("stop-short", "stop-long", "kill"), default=None,
+    p.add_argument("--faults", action="store_true",
+                   help="run every fault scenario under load, each as a job of its own "
+                        "(world 4, shm and tcp; the partition needs root), and print a report")
+    p.add_argument("--fault", choices=("stop-short", "stop-long", "kill", "partition"),
+                   default=None,
                    help="half way, stop the last rank (SIGSTOP) for --stop-s seconds, or "
                         "SIGKILL it during 64 MiB all_reduces; every rank prints its outcome")
     p.add_argument("--stop-s", type=float, default=None,
                    help="how long --fault stop-* stops the rank")
     args = p.parse_args(argv)
+    if args.faults:
+        reports = run_faults()
+        for r in reports:
+            brief = {k: v for k, v in r.items() if k not in ("ranks", "problems")}
+            brief["errors"] = {k: (e.get("error") or [None])[0:3]
+                               for k, e in r.get("ranks", {}).items()}
+            print(json.dumps(brief))
+            for line in r["problems"]:
+                print("  PROBLEM:", line)
+        return 1 if any(r["problems"] for r in reports) else 0
     if args.tracemalloc:
         tracemalloc.start()
     accord.init_process_group()
     report = soak(args.duration, args.max_bytes, args.seed, args.sample_s, fault=args.fault,
                   stop_s=args.stop_s)
     if args.fault:
-        print(json.dumps({k: report[k] for k in ("rank", "ops", "wrong", "fault", "error")}),
-              flush=True)
+        line = json.dumps({k: report[k] for k in ("rank", "ops", "wrong", "fault", "error",
+                                                  "arenas")})
+        print(line, flush=True)
+        if args.json:
+            with open(f"{args.json}.rank{report['rank']}", "w") as f:
+                f.write(line + "\n")
         try:
             accord.destroy_process_group()
         except accord.AccordError:

@@ -38,7 +38,7 @@ import struct
 import threading
 import time
 
-from ..errors import AccordError, CommTimeout
+from ..errors import CommTimeout, HandshakeRefused
 from ..netif import family_of, is_loopback, join_host_port, split_host_port
 
 _HELLO = struct.Struct("<8sQi16s")   # magic, group token, connecting group rank, its nonce
@@ -51,10 +51,6 @@ HANDSHAKE_S = 10.0                   # a connection must finish its handshake wi
 _SECRET_KEY = "accord/mesh-secret"
 log = logging.getLogger("accord")
 _warned_unset = False
-
-
-class HandshakeRefused(AccordError):
-    """The other end of a mesh connection does not know the job's secret."""
 
 
 def _tune(sock):

@@ -1,0 +1,65 @@
+"""Faults under load, each in a job of its own (benchmarks/soak.py's run_fault and
+run_partition: `accord run -n 4` with the soak's random collectives and p2p going on):
+a rank stopped (SIGSTOP) for less than the timeout, and for longer; a rank SIGKILLed
+in the middle of 64 MiB all_reduces; a network partition between two hosts (network
+namespaces) that drops every packet. `-m "not soak"` deselects them."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import soak  # noqa: E402
+
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(150)]
+TIMEOUT = 4.0
+
+
+def _errors(report):
+    return {r: (e["error"] or [None])[0] for r, e in report["ranks"].items()}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_rank_stopped_shorter_than_the_timeout_completes(transport):
+    r = soak.run_fault("stop-short", transport, TIMEOUT)
+    assert sorted(r["ranks"]) == [0, 1, 2, 3], r["problems"]
+    assert _errors(r) == {0: None, 1: None, 2: None, 3: None}, r["problems"]
+    assert sum(e["wrong"] for e in r["ranks"].values()) == 0
+    assert not r["problems"], "\n".join(r["problems"])
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_rank_stopped_longer_than_the_timeout_is_named_by_every_other_rank(transport):
+    r = soak.run_fault("stop-long", transport, TIMEOUT)
+    for rank in (0, 1, 2):
+        name, message, after_s, _ = r["ranks"][rank]["error"]
+        assert name == "CommTimeout" and "rank 3" in message, r["ranks"][rank]
+        assert after_s < TIMEOUT + 5, r["ranks"][rank]
+    assert not r["problems"], "\n".join(r["problems"])
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_rank_killed_mid_64mib_transfer_is_peer_lost_and_leaks_nothing(transport):
+    r = soak.run_fault("kill", transport, TIMEOUT)
+    assert 3 not in r["ranks"]                       # it died before it could report
+    for rank in (0, 1, 2):
+        name, message, after_s, _ = r["ranks"][rank]["error"]
+        assert name == "PeerLost" and "rank 3" in message, r["ranks"][rank]
+    assert r["shm_left"] == [] and r["processes_left"] == []
+    assert bool(r["ranks"][0]["arenas"]) == (transport == "shm")
+    assert not r["problems"], "\n".join(r["problems"])
+
+
+def test_partition_that_drops_packets_is_named_within_the_timeout():
+    why = soak.partition_unavailable()
+    if why:
+        pytest.skip(why)
+    r = soak.run_partition(TIMEOUT)
+    if "skipped" in r:
+        pytest.skip(r["skipped"])
+    for rank in range(4):
+        other = (2, 3) if rank < 2 else (0, 1)
+        err = r["ranks"][rank]["error"]
+        assert err and any(f"rank {o}" in err[1] for o in other), r["ranks"][rank]
+        assert r["error_after_drop_s"][rank] < TIMEOUT + 5, r["error_after_drop_s"]
+    assert not r["problems"], "\n".join(r["problems"])
