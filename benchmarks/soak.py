@@ -82,6 +82,17 @@ def _malloc_kib():
     return (m.uordblks + m.hblkhd) >> 10, m.fordblks >> 10
 
 
+def set_mmap_threshold(nbytes):
+    """glibc: serve every allocation of nbytes or more with its own mmap, returned to the
+    system when freed (mallopt M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ does; a fixed
+    threshold also stops glibc from raising it to the largest block freed so far, which
+    is what lets freed multi-MiB arrays pile up in the heap). False where not glibc."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(-3, int(nbytes)))      # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 def _sample(t0):
     st = _status()
     used, free = _malloc_kib()
@@ -369,7 +380,7 @@ def run_fault(kind, transport="shm", timeout=5.0, workdir=None):
     duration = 6.0 if kind == "stop-short" else 60.0
     cmd = [sys.executable, "-m", "accord", "run", "-n", "4", "--keep-going",
            os.path.abspath(__file__), "--fault", kind, "--duration", str(duration),
-           "--max-bytes", str(4 << 20), "--json", prefix]
+           "--fault-at", "2", "--max-bytes", str(4 << 20), "--json", prefix]
     if stop_s:
         cmd += ["--stop-s", str(stop_s)]
     env = dict(os.environ, ACCORD_TRANSPORT=transport, ACCORD_TIMEOUT=str(env_timeout),
@@ -503,7 +514,8 @@ def run_partition(timeout=5.0, workdir=None):
                 ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes",
                  "2", "--node-rank", str(node), "--master-addr", addr_a, "--master-port", port,
                  "-n", "2", "--keep-going", os.path.abspath(__file__), "--fault", "partition",
-                 "--duration", "120", "--max-bytes", str(4 << 20), "--json", prefix],
+                 "--duration", "120", "--fault-at", "2", "--max-bytes", str(4 << 20),
+                 "--json", prefix],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True))
         deadline = time.monotonic() + 60
@@ -535,21 +547,51 @@ def run_partition(timeout=5.0, workdir=None):
               "error_after_drop_s": {r: round(e["error"][3] - t_drop, 2)
                                      for r, e in ranks.items() if e.get("error")},
               "processes_left": _processes_of(prefix)}
-    problems = []
-    for r in range(4):
-        other = (2, 3) if r < 2 else (0, 1)
-        e = ranks.get(r)
-        err = e and e.get("error")
-        if not err or not any(f"rank {o}" in err[1] for o in other) or \
-                err[3] - t_drop > timeout + 5:
-            problems.append(f"rank {r}: wanted an error naming rank {other[0]} or {other[1]} "
-                            f"within {timeout + 5:g} s of the drop, got {err or e}")
+    problems = [f"rank {r}: {why}" for r, why in blame_problems(ranks, t_drop, timeout).items()]
     if report["processes_left"]:
         problems.append(f"processes left: {report['processes_left']}")
     if problems:
         problems.append("job output:\n" + output[-3000:])
     report["problems"] = problems
     return report
+
+
+def waited_on(message):
+    """The rank a CommTimeout says this rank was waiting for data from, or None."""
+    import re
+    m = re.search(r"waiting for data from rank (\d+)", message)
+    return int(m.group(1)) if m else None
+
+
+def blame_problems(ranks, t_drop, timeout):
+    """What is wrong with the ranks' errors after a partition between ranks {0, 1} and
+    {2, 3}: {rank: why}. Every rank must raise an accord error within timeout + 5 s
+    of the drop; a rank that waited for data across the cut names the rank on the
+    other side; one that waited on a rank of its own side (a ring's neighbour, itself
+    waiting across) names that one, and following who waited on whom from any rank
+    must reach the other side."""
+    side = {0: 0, 1: 0, 2: 1, 3: 1}
+    on = {}
+    problems = {}
+    for r in range(4):
+        err = (ranks.get(r) or {}).get("error")
+        if not err:
+            problems[r] = f"no error (report: {ranks.get(r)})"
+            continue
+        if err[3] - t_drop > timeout + 5:
+            problems[r] = f"its error came {err[3] - t_drop:.1f} s after the drop: {err[:2]}"
+        on[r] = waited_on(err[1])
+        if on[r] is None and not any(f"rank {o}" in err[1] for o in side if side[o] != side[r]):
+            problems[r] = f"its error names no rank of the other side: {err[:2]}"
+    for r, peer in on.items():
+        seen, cur = {r}, peer
+        while cur is not None and side[cur] == side[r] and cur not in seen:
+            seen.add(cur)
+            cur = on.get(cur)
+        if peer is not None and (cur is None or side[cur] == side[r]):
+            problems.setdefault(r, f"it waited on rank {peer}, and who waited on whom from "
+                                   f"there never reaches the other side ({on})")
+    return problems
 
 
 def run_faults(transports=("shm", "tcp"), timeout=5.0):
@@ -568,6 +610,9 @@ def main(argv=None):
                    help="also write rank 0's report here (with --fault: each rank's to "
                         "JSON.rankN)")
     p.add_argument("--sample-s", type=float, default=5.0, help="seconds between samples")
+    p.add_argument("--malloc-mmap-threshold", type=int, default=None, metavar="BYTES",
+                   help="glibc: give allocations of BYTES or more their own mmap (see "
+                        "set_mmap_threshold); default: glibc's own dynamic threshold")
     p.add_argument("--tracemalloc", action="store_true",
                    help="trace Python allocations (slow): report where they grew after warm-up")
     p.add_argument("--faults", action="store_true",
@@ -577,6 +622,8 @@ def main(argv=None):
                    default=None,
                    help="half way, stop the last rank (SIGSTOP) for --stop-s seconds, or "
                         "SIGKILL it during 64 MiB all_reduces; every rank prints its outcome")
+    p.add_argument("--fault-at", type=float, default=None,
+                   help="seconds into the run for --fault (default: half way)")
     p.add_argument("--stop-s", type=float, default=None,
                    help="how long --fault stop-* stops the rank")
     args = p.parse_args(argv)
@@ -592,9 +639,13 @@ def main(argv=None):
         return 1 if any(r["problems"] for r in reports) else 0
     if args.tracemalloc:
         tracemalloc.start()
+    if args.malloc_mmap_threshold is not None and not set_mmap_threshold(
+            args.malloc_mmap_threshold):
+        print("--malloc-mmap-threshold: not glibc's malloc here", file=sys.stderr)
+        return 2
     accord.init_process_group()
     report = soak(args.duration, args.max_bytes, args.seed, args.sample_s, fault=args.fault,
-                  stop_s=args.stop_s)
+                  fault_at=args.fault_at, stop_s=args.stop_s)
     if args.fault:
         line = json.dumps({k: report[k] for k in ("rank", "ops", "wrong", "fault", "error",
                                                   "arenas")})
@@ -611,6 +662,7 @@ def main(argv=None):
     if report is None:
         return 0
     report["shm_left"] = shm_left(report)
+    report["malloc_mmap_threshold"] = args.malloc_mmap_threshold
     leaks = [e for e in report["ranks"] if e["fds"][0] != e["fds"][1]
              or e["threads"][0] != e["threads"][1]]
     report["leaks"] = bool(leaks)

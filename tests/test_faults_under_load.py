@@ -57,9 +57,27 @@ def test_partition_that_drops_packets_is_named_within_the_timeout():
     r = soak.run_partition(TIMEOUT)
     if "skipped" in r:
         pytest.skip(r["skipped"])
+    assert sorted(r["ranks"]) == [0, 1, 2, 3], r["problems"]
     for rank in range(4):
-        other = (2, 3) if rank < 2 else (0, 1)
-        err = r["ranks"][rank]["error"]
-        assert err and any(f"rank {o}" in err[1] for o in other), r["ranks"][rank]
+        name, message, _, _ = r["ranks"][rank]["error"]
+        assert name == "CommTimeout", r["ranks"][rank]
         assert r["error_after_drop_s"][rank] < TIMEOUT + 5, r["error_after_drop_s"]
+    # each side names the other: a rank waiting across the cut names who it waited for
+    named = {rank: soak.waited_on(r["ranks"][rank]["error"][1]) for rank in range(4)}
+    assert any(named[rank] in (2, 3) for rank in (0, 1)), named
+    assert any(named[rank] in (0, 1) for rank in (2, 3)), named
     assert not r["problems"], "\n".join(r["problems"])
+
+
+def test_blame_follows_who_waited_on_whom():
+    msg = "rank {}: all_reduce #3: Timed out waiting for data from rank {} (...)"
+    ranks = {r: {"error": ["CommTimeout", msg.format(r, w), 4.1, 104.1]}
+             for r, w in ((0, 3), (1, 0), (2, 1), (3, 2))}
+    assert soak.blame_problems(ranks, 100.0, 4.0) == {}
+    ranks[1]["error"][1] = msg.format(1, 0)
+    ranks[0]["error"][1] = msg.format(0, 1)            # 0 and 1 blame each other only
+    assert set(soak.blame_problems(ranks, 100.0, 4.0)) == {0, 1}
+    ranks[0]["error"][3] = 120.0                       # and 0's came far too late
+    assert "after the drop" in soak.blame_problems(ranks, 100.0, 4.0)[0]
+    del ranks[3]
+    assert 3 in soak.blame_problems(ranks, 100.0, 4.0)
