@@ -11,13 +11,15 @@ together; sizes log-uniform from 0 B to --max-bytes (16 MiB), integer dtypes
 (and float64 holding integers) so every expected value is exact.
 
 Every --sample-s seconds (5) all ranks meet at a barrier and sample their memory
-there, where no message is in flight and no array of the soak is alive: RSS and
+there, and meet again before they go on, so that no message is in flight and no
+array of the soak is alive while they sample: RSS and
 its parts (RssAnon: the heaps; RssShmem: pages of /dev/shm arenas touched so
 far), what glibc's malloc has handed out and not had back ("malloc_used") and the
 free memory it keeps for reuse instead of returning it ("malloc_free"), and the
 number of Python objects. Warm-up is the first fifth of the run; a figure's
-growth after warm-up is (its largest sample after warm-up - its first sample
-after warm-up) / that first sample, per rank, the worst rank reported. A leak
+growth after warm-up is (the median of its samples in the last fifth - the
+median in the second fifth) / the latter, per rank, the worst rank reported
+(growth(); peak_growth() also counts single high samples). A leak
 shows as malloc_used (or the objects) growing; RSS growing with malloc_used flat
 is the allocator's free memory (see the README's soak section).
 
@@ -189,12 +191,23 @@ WARM_UP = 0.2          # the first fifth of the run is warm-up (see growth())
 
 
 def growth(samples, key="rss"):
-    """How much `key` grew after warm-up: (largest value sampled after the first fifth
-    of the run - the value at the first sample of the rest) / that value.
+    """How much `key` grew after warm-up: (median of the samples in the last fifth of
+    the run - median of those in the second fifth) / the latter. The first fifth is
+    warm-up. Medians, so that one sample taken while something was still alive does
+    not count as growth (peak_growth counts it). None with too few samples."""
+    import statistics
+    if not samples:
+        return None
+    end = samples[-1]["t"]
+    early = [s[key] for s in samples if WARM_UP * end <= s["t"] < 2 * WARM_UP * end]
+    late = [s[key] for s in samples if s["t"] >= (1 - WARM_UP) * end]
+    if not early or not late or not statistics.median(early):
+        return None
+    return (statistics.median(late) - statistics.median(early)) / statistics.median(early)
 
-    Samples are taken at quiescent points (every rank waited at a barrier, no message
-    in flight, no array of the soak alive), so the figure is what the process keeps,
-    not the op that happened to be running. None with fewer than two such samples."""
+
+def peak_growth(samples, key="rss"):
+    """(largest sample after warm-up - the first sample after warm-up) / the latter."""
     if not samples:
         return None
     end = samples[-1]["t"]
@@ -266,6 +279,7 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
                 if flag[0] == _SAMPLE:
                     accord.barrier()             # quiescent: nothing in flight anywhere
                     samples.append(_sample(t0))
+                    accord.barrier()             # ... until every rank has sampled
                     next_sample = time.monotonic() + sample_s
                     if fds0 is None and samples[-1]["t"] >= WARM_UP * duration:
                         # every group, thread and buffer exists by now
@@ -301,8 +315,11 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
             accord.destroy_process_group(g)
     accord.barrier()
     mine.update(fds=[fds0, fds1], threads=[threads0, threads1], arenas=arenas,
-                rss_growth=growth(samples), anon_growth=growth(samples, "anon"),
-                malloc_used_growth=growth(samples, "malloc_used"), traced_growth=grown)
+                rss_growth=growth(samples), rss_peak_growth=peak_growth(samples),
+                anon_growth=growth(samples, "anon"),
+                malloc_used_growth=growth(samples, "malloc_used"),
+                malloc_free_growth=growth(samples, "malloc_free"),
+                objects_growth=growth(samples, "objects"), traced_growth=grown)
     every = [None] * world
     accord.all_gather_object(every, mine)
     if rank != 0:
@@ -316,8 +333,11 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
             "wrong": sum(e["wrong"] for e in every),
             "warm_up": f"the first {WARM_UP:.0%} of the run",
             "rss_growth_after_warmup": worst("rss_growth"),
+            "rss_peak_growth_after_warmup": worst("rss_peak_growth"),
             "anon_growth_after_warmup": worst("anon_growth"),
             "malloc_used_growth_after_warmup": worst("malloc_used_growth"),
+            "malloc_free_growth_after_warmup": worst("malloc_free_growth"),
+            "objects_growth_after_warmup": worst("objects_growth"),
             "loadavg": os.getloadavg(), "ranks": every}
 
 

@@ -575,8 +575,10 @@ class _Launcher:
             if self.client is None:
                 from accord.tcpstore import TCPStore
                 host, _, port = self.store_address.rpartition(":")
+                # a launcher that does not host the store has no token of its own: it
+                # proves the job's ACCORD_STORE_TOKEN, as its ranks do (None reads it)
                 self.client = TCPStore(host, int(port), is_master=False, timeout=5.0,
-                                       token=self.token)
+                                       token=self.token or None)
             from accord.membership import ended_key
             self.client.set(ended_key(slot), b"1")
         except Exception as exc:      # the survivors on this host can still tell
