@@ -235,27 +235,3 @@ def _per_call_timeout(rank, world):
 def test_per_call_timeout():
     run_ranks(2, _per_call_timeout, timeout=30)
 
-
-def _buffers_freed_after_wait(rank, world):
-    import gc
-    import weakref
-    refs = []
-    for i in range(3):
-        x = np.full(1 << 18, rank + i, np.int64)
-        w = dist.all_reduce(x, async_op=True)
-        w.wait()
-        assert (x == world * i + sum(range(world))).all()
-        refs.append(weakref.ref(x))
-        del x, w
-    dist.barrier()          # nothing more is queued: the group's worker thread is idle
-    deadline = time.monotonic() + 5
-    while any(r() is not None for r in refs) and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.01)
-    return [r() is None for r in refs]
-
-
-def test_async_buffers_are_not_kept_after_wait():
-    # the group's worker thread held the last async call (and its tensors) until the next
-    # call came: memory a program had let go of, up to the whole size of that call
-    assert run_ranks(2, _buffers_freed_after_wait) == [[True] * 3] * 2

@@ -196,11 +196,14 @@ SHRINK_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("mode", ["tcp", "hierarchical"])
-def test_a_rank_on_the_second_host_dies_and_the_others_shrink(two_hosts, tmp_path, mode):
+@pytest.mark.parametrize("mode,token", [("tcp", ""), ("hierarchical", ""),
+                                        ("tcp", "shared-by-both-hosts")])
+def test_a_rank_on_the_second_host_dies_and_the_others_shrink(two_hosts, tmp_path, mode,
+                                                               token):
     # every rank's host is its namespace (ACCORD_HOST_ID): ranks 0 and 1 on host A cannot
     # look at host B's processes and learn of rank 3's death from host B's launcher, which
-    # marks its slot ended in the store on host A
+    # marks its slot ended in the store on host A (proving ACCORD_STORE_TOKEN, when the
+    # job has one, though that launcher hosts no store of its own)
     (ns_a, addr_a), (ns_b, _) = two_hosts
     script = tmp_path / "job.py"
     script.write_text(SHRINK_SCRIPT)
@@ -209,6 +212,8 @@ def test_a_rank_on_the_second_host_dies_and_the_others_shrink(two_hosts, tmp_pat
     for ns, node in ((ns_a, "0"), (ns_b, "1")):
         env = dict(os.environ, ACCORD_TIMEOUT="60", ACCORD_HOST_ID=ns,
                    ACCORD_TRANSPORT="tcp" if mode == "tcp" else "auto")
+        if token:
+            env["ACCORD_STORE_TOKEN"] = token
         procs.append(subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes", "2",
              "--node-rank", node, "--master-addr", addr_a, "--master-port", port, "-n", "2",
@@ -225,6 +230,7 @@ def test_a_rank_on_the_second_host_dies_and_the_others_shrink(two_hosts, tmp_pat
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out
     assert "rank 3 was killed by SIGKILL" in outs[1], outs[1]
+    assert "cannot mark rank 3 ended" not in outs[1], outs[1]
     want_hier = mode == "hierarchical"      # host A's two ranks and host B's one
     for r in range(3):
         got = json.loads((tmp_path / f"ok{r}").read_text())
