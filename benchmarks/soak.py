@@ -577,9 +577,12 @@ def run_partition(timeout=5.0, workdir=None):
 
 
 def waited_on(message):
-    """The rank a CommTimeout says this rank was waiting for data from, or None."""
+    """The rank a CommTimeout says this rank was waiting for data from (or, if it waited
+    for none, to send to: a send blocked across the cut names the other side too), or
+    None."""
     import re
-    m = re.search(r"waiting for data from rank (\d+)", message)
+    m = (re.search(r"waiting for data from rank (\d+)", message)
+         or re.search(r"waiting to send to rank (\d+)", message))
     return int(m.group(1)) if m else None
 
 

@@ -81,3 +81,8 @@ def test_blame_follows_who_waited_on_whom():
     assert "after the drop" in soak.blame_problems(ranks, 100.0, 4.0)[0]
     del ranks[3]
     assert 3 in soak.blame_problems(ranks, 100.0, 4.0)
+    # a rank whose send is blocked across the cut names that side too (it read nothing)
+    sending = "rank 0: all_to_all #9: Timed out waiting to send to rank 2 (is a rank stuck"
+    assert soak.waited_on(sending) == 2
+    both = "rank 0: x: Timed out waiting for data from rank 1; waiting to send to rank 3 ("
+    assert soak.waited_on(both) == 1
