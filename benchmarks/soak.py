@@ -576,11 +576,22 @@ def run_partition(timeout=5.0, workdir=None):
     return report
 
 
-def waited_on(message):
-    """The rank a CommTimeout says this rank was waiting for data from (or, if it waited
-    for none, to send to: a send blocked across the cut names the other side too), or
-    None."""
+def waited_on(message, rank=None):
+    """The rank a CommTimeout says `rank` was waiting for, or None.
+
+    Where the error carries the stuck-rank table, that rank's own line says whom it
+    waited on ("(on rank N)"). Otherwise a rank's own error names whom it waited for
+    data from (or, if none, whom it waited to send to: a send blocked across a cut
+    names the other side too); an error another rank reported to it (the text starts
+    with that rank) names the reporter, whose own error says the rest."""
     import re
+    if rank is not None:
+        m = re.search(rf"^\s*rank {rank}: waiting in .*\(on rank (\d+)\)", message, re.M)
+        if m:
+            return int(m.group(1))
+        m = re.match(r"rank (\d+):", message)
+        if m and int(m.group(1)) != rank:
+            return int(m.group(1))
     m = (re.search(r"waiting for data from rank (\d+)", message)
          or re.search(r"waiting to send to rank (\d+)", message))
     return int(m.group(1)) if m else None
@@ -603,7 +614,7 @@ def blame_problems(ranks, t_drop, timeout):
             continue
         if err[3] - t_drop > timeout + 5:
             problems[r] = f"its error came {err[3] - t_drop:.1f} s after the drop: {err[:2]}"
-        on[r] = waited_on(err[1])
+        on[r] = waited_on(err[1], r)
         if on[r] is None and not any(f"rank {o}" in err[1] for o in side if side[o] != side[r]):
             problems[r] = f"its error names no rank of the other side: {err[:2]}"
     for r, peer in on.items():

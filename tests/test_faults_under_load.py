@@ -63,7 +63,7 @@ def test_partition_that_drops_packets_is_named_within_the_timeout():
         assert name == "CommTimeout", r["ranks"][rank]
         assert r["error_after_drop_s"][rank] < TIMEOUT + 5, r["error_after_drop_s"]
     # each side names the other: a rank waiting across the cut names who it waited for
-    named = {rank: soak.waited_on(r["ranks"][rank]["error"][1]) for rank in range(4)}
+    named = {rank: soak.waited_on(r["ranks"][rank]["error"][1], rank) for rank in range(4)}
     assert any(named[rank] in (2, 3) for rank in (0, 1)), named
     assert any(named[rank] in (0, 1) for rank in (2, 3)), named
     assert not r["problems"], "\n".join(r["problems"])
@@ -86,3 +86,10 @@ def test_blame_follows_who_waited_on_whom():
     assert soak.waited_on(sending) == 2
     both = "rank 0: x: Timed out waiting for data from rank 1; waiting to send to rank 3 ("
     assert soak.waited_on(both) == 1
+    # the stuck-rank table says whom each rank waited on; an echo names its reporter
+    table = ("rank 1: all_to_all #5 (group 'default'): Timed out waiting for data from rank 0"
+             " (...)\nwhere each rank of group 'default' stands (...):\n"
+             "  rank 0: waiting in all_to_all #5, int64[8] at soak.py:150 for 5.0 s (on rank 2);"
+             " last completed ...\n")
+    assert soak.waited_on(table, 0) == 2 and soak.waited_on(table, 1) == 0
+    assert soak.waited_on("rank 1: all_to_all #5: Timed out waiting for data from rank 0", 3) == 1
