@@ -16,9 +16,9 @@ from . import as_bytes
 
 COOP_MIN = 4 << 20          # a broadcast this large splits its copy between the root and
                             # each receiver (more than two ranks: split_copy)
-COOP_MIN_PAIR = 1 << 20     # ... and between two ranks (each copies one half at once: from
-                            # 1 MiB this beat the single-copy read, 1.35x at 1 MiB and 1.7x at
-                            # 2 MiB in 12 paired rounds; benchmarks/results/small-messages.md)
+COOP_MIN_PAIR = 1 << 20     # ... and between two ranks (each copies one half at once: 1.7x
+                            # the single-copy read at 1 and 2 MiB in 10 paired rounds;
+                            # benchmarks/results/small-messages.md)
 SPLIT_CHUNK = 512 << 10     # what each side of a split copy claims at a time
 _PAGE = 4096
 _NOTHING = memoryview(b"")
