@@ -4,6 +4,9 @@ import os
 from dataclasses import dataclass, field
 
 DEFAULT_TIMEOUT = 1800.0
+# a Ray group's members are actors already running when they are told to join:
+# a minute is long for them to straggle, and short for a missing one to be noticed
+DEFAULT_RAY_JOIN_TIMEOUT = 60.0
 _TRANSPORTS = ("auto", "shm", "tcp")
 _DEBUG_LEVELS = ("OFF", "INFO", "DETAIL")
 
@@ -95,6 +98,18 @@ def _parse_count(text, name):
     return int(text)
 
 
+def _parse_seconds(text, name, default):
+    """A positive number of seconds ('' -> default)."""
+    text = text.strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected a number of seconds, got {text!r}") from None
+    return to_seconds(value, name)
+
+
 def _parse_slot(text):
     """ACCORD_LAUNCH_SLOT: `accord run`'s name for a process, RANK.RESTARTS ('' without
     the launcher). It is part of a process's published identity, whose fields '/'
@@ -145,6 +160,9 @@ class Options:
     # ACCORD_LAUNCH_SLOT: what `accord run` calls this process (RANK.RESTARTS), in its
     # identity, so survivors on other hosts learn from the store that it ended
     launch_slot: str = ""
+    # ACCORD_RAY_JOIN_TIMEOUT: how long a member of a Ray collective group (accord.ray)
+    # waits for the others to arrive when the group is made, at most the group's timeout
+    ray_join_timeout: float = DEFAULT_RAY_JOIN_TIMEOUT
 
     @classmethod
     def from_env(cls, environ=None):
@@ -176,5 +194,7 @@ class Options:
                                        "ACCORD_RESTART_COUNT"),
             max_restarts=_parse_count(env.get("ACCORD_MAX_RESTARTS", ""), "ACCORD_MAX_RESTARTS"),
             launch_slot=_parse_slot(env.get("ACCORD_LAUNCH_SLOT", "")),
+            ray_join_timeout=_parse_seconds(env.get("ACCORD_RAY_JOIN_TIMEOUT", ""),
+                                            "ACCORD_RAY_JOIN_TIMEOUT", DEFAULT_RAY_JOIN_TIMEOUT),
             **_parse_tls(env),
         )

@@ -27,6 +27,19 @@ class Worker:
         col.init_collective_group(world_size, rank, backend, group_name)
         return True
 
+    def init_group_within(self, world_size, rank, group_name, join_s):
+        """init_collective_group on ACCORD with ACCORD_RAY_JOIN_TIMEOUT=join_s in this process."""
+        old = os.environ.get("ACCORD_RAY_JOIN_TIMEOUT")
+        os.environ["ACCORD_RAY_JOIN_TIMEOUT"] = str(join_s)
+        try:
+            col.init_collective_group(world_size, rank, "ACCORD", group_name)
+        finally:
+            if old is None:
+                del os.environ["ACCORD_RAY_JOIN_TIMEOUT"]
+            else:
+                os.environ["ACCORD_RAY_JOIN_TIMEOUT"] = old
+        return True
+
     def set_buffer(self, data):
         self.buffer = data
         return True
@@ -91,6 +104,9 @@ class Worker:
 
     def report_is_group_initialized(self, group_name="default"):
         return col.is_group_initialized(group_name)
+
+    def report_backend(self, group_name="default"):
+        return col.get_group_handle(group_name).backend()
 
     def report_group(self, group_name="default"):
         """What the group runs on: backend, transport, hosts and the hierarchy's leaders."""

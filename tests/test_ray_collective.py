@@ -4,19 +4,25 @@ Ray's tests are not in its wheel (ray/util/collective/tests lives only in
 Ray's repository, and the test machines reach no git host), so the scenarios
 of its gloo CPU tests (single_node_cpu_tests/ and distributed_cpu_tests/:
 test_basic_apis, test_allreduce, test_reduce, test_broadcast, test_allgather,
-test_reducescatter, test_sendrecv) are rewritten here, case for case, against
-backend "ACCORD", with the same assertions; the worker actor has the methods
-of Ray's (tests/ray_workers.py). The default run takes a few parameters of
-each scenario (three array sizes, two group names); `-m ray_full` runs every
-parameter Ray's tests have. One local Ray instance and one pool of actors
-serve the module (Ray starts a cluster per test; a fresh group per test does
-the same job here, in seconds instead of minutes); each test's groups are
-destroyed at its end.
+test_reducescatter, test_sendrecv) are rewritten here, case for case, with the
+same assertions; the worker actor has the methods of Ray's
+(tests/ray_workers.py). Each scenario runs on backend "ACCORD" and on Ray's own
+"GLOO" (torch's gloo), the same assertions on both: what passes on GLOO must
+pass on ACCORD. The default run takes ACCORD with a few parameters of each
+scenario (three array sizes, two group names); `-m ray_full` runs GLOO and the
+rest of Ray's parameters (`-m "ray_full or not ray_full"`: everything).
 
-Beyond Ray's tests: world size 4, groups declared from the driver with
-create_collective_group, several groups per actor, and accord's errors raised
-in the actors' methods (PeerLost when an actor dies, Desync, CommTimeout from
-timeout_ms).
+One local Ray instance serves the module. ACCORD groups run on one pool of
+actors, a fresh group per test (Ray starts a cluster per test; this does the
+same job in seconds instead of minutes), each test's groups destroyed at its
+end. GLOO gets fresh actors per test, as in Ray's tests: Ray's gloo backend
+makes the first group of a process torch's default process group, which fixes
+the world size and rank order of every later group of that process.
+
+Beyond Ray's tests, on ACCORD only: groups with their own rank orders, accord's
+errors raised in the actors' methods (PeerLost when an actor dies, Desync,
+CommTimeout from timeout_ms), and a member that dies or never comes while the
+group is being made.
 """
 import itertools
 
@@ -77,34 +83,76 @@ def pool(cluster):
 
 
 class Groups:
-    """The test's groups over the pool's first n actors: unique names, destroyed at the end."""
+    """The test's groups: unique names, over the pool's first n actors (ACCORD) or over
+    fresh actors (GLOO); the ACCORD groups are destroyed at the end, the fresh actors
+    killed."""
 
-    def __init__(self, pool):
-        self.pool, self.made = pool, []
+    def __init__(self, pool, backend):
+        self.backend, self.made = backend, []
+        self.fresh = backend != "ACCORD"
+        self.pool = [] if self.fresh else pool
+
+    def actors(self, n):
+        if self.fresh and len(self.pool) < n:
+            from ray_workers import Worker
+            self.pool += [Worker.remote() for _ in range(n - len(self.pool))]
+        return self.pool[:n]
 
     def make(self, n=2, name=None, ranks=None):
         name = name or f"g{next(_names)}"
-        actors = self.pool[:n]
+        actors = self.actors(n)
         ranks = ranks or list(range(n))
-        assert all(ray.get([a.init_group.remote(n, r, "ACCORD", name)
+        assert all(ray.get([a.init_group.remote(n, r, self.backend, name)
                             for a, r in zip(actors, ranks)]))
         self.made.append((actors, name))
         return actors, name
 
-    def destroy(self):
-        for actors, name in self.made:
+    def declare(self, n, ranks):
+        """A group declared from the driver (create_collective_group): made on first use."""
+        name = f"declared{next(_names)}"
+        actors = self.actors(n)
+        col.create_collective_group(actors, n, ranks, backend=self.backend, group_name=name)
+        self.made.append((actors, name))
+        return actors, name
+
+    def close(self):
+        made, self.made = self.made, []
+        if self.fresh:
+            for _, name in made:            # the declarations' named actors
+                try:
+                    ray.kill(ray.get_actor("info_" + name))
+                except ValueError:
+                    pass
+            for a in self.pool:
+                ray.kill(a)
+            return
+        for actors, name in made:
             ray.get([a.destroy_group.remote(name) for a in actors])
-        self.made = []
+        # every test starts from Ray's worker defaults: ones(10) and two ones(10)
+        ray.get([a.set_buffer.remote(np.ones(10, np.float32)) for a in self.pool])
+        ray.get([a.set_list_buffer.remote([np.ones(10, np.float32)] * 2, copy=True)
+                 for a in self.pool])
+
+
+@pytest.fixture(params=["ACCORD", pytest.param("GLOO", marks=pytest.mark.ray_full)])
+def backend(request):
+    return request.param
 
 
 @pytest.fixture
-def groups(pool):
-    g = Groups(pool)
+def groups(pool, backend):
+    """Groups of the test's backend: Ray's scenarios run on ACCORD and on GLOO."""
+    g = Groups(pool, backend)
     yield g
-    g.destroy()
-    # every test starts from Ray's worker defaults: ones(10) and two ones(10)
-    ray.get([a.set_buffer.remote(np.ones(10, np.float32)) for a in pool])
-    ray.get([a.set_list_buffer.remote([np.ones(10, np.float32)] * 2, copy=True) for a in pool])
+    g.close()
+
+
+@pytest.fixture
+def accord_groups(pool):
+    """Groups on ACCORD only: what goes beyond Ray's tests."""
+    g = Groups(pool, "ACCORD")
+    yield g
+    g.close()
 
 
 def fill(actors, size, dtype=np.float32, base=1, kind="numpy"):
@@ -126,7 +174,7 @@ def fill(actors, size, dtype=np.float32, base=1, kind="numpy"):
 @pytest.mark.parametrize("group_name", NAMES)
 def test_init_two_actors(groups, group_name):
     actors, name = groups.make(2, group_name)
-    assert ray.get([a.report_group.remote(name) for a in actors])[0]["backend"] == "ACCORD"
+    assert ray.get([a.report_backend.remote(name) for a in actors]) == [groups.backend] * 2
 
 
 def test_init_multiple_groups_and_ranks(groups):
@@ -138,14 +186,20 @@ def test_init_multiple_groups_and_ranks(groups):
     _, second = groups.make(2, ranks=[1, 0])
     assert ray.get([a.report_rank.remote(second) for a in actors]) == [1, 0]
     assert ray.get([a.report_world_size.remote(second) for a in actors]) == [2, 2]
-    # the reversed group is a group of its own: rank 0 of it is actors[1]
+
+
+def test_group_with_ranks_reversed_is_a_group_of_its_own(accord_groups):
+    # rank 0 of the reversed group is actors[1] (under GLOO it would still be actors[0]:
+    # every group of a process there has the ranks of its first)
+    actors, _ = accord_groups.make(2)
+    _, second = accord_groups.make(2, ranks=[1, 0])
     ray.get([a.set_buffer.remote(np.full(4, 10 * i + 1, np.float32))
              for i, a in enumerate(actors)])
     out = ray.get([a.do_broadcast.remote(second, 0) for a in actors])
     assert [o.tolist() for o in out] == [[11.0] * 4] * 2
 
 
-def test_is_group_initialized_and_destroy(groups, pool):
+def test_is_group_initialized_and_destroy(groups):
     actors, name = groups.make(2)
     assert ray.get(actors[0].report_is_group_initialized.remote(name))
     assert not ray.get(actors[0].report_is_group_initialized.remote("random"))
@@ -192,7 +246,7 @@ def test_allreduce_destroy(groups):
 
 def test_allreduce_multiple_group(groups):
     names = [groups.make(2)[1] for _ in range(5)]
-    actors = groups.pool[:2]
+    actors = groups.actors(2)
     for i, name in enumerate(names):
         r = ray.get([a.do_allreduce.remote(name) for a in actors])
         assert (r[0] == 2 ** (i + 1)).all() and (r[1] == 2 ** (i + 1)).all()
@@ -223,15 +277,13 @@ def test_allreduce_torch_numpy(groups):
     assert (r[0] == 2).all() and (r[1] == 2).all()
 
 
-def test_allreduce_world_of_four_declared_by_the_driver(pool, groups):
+def test_allreduce_world_of_four_declared_by_the_driver(groups):
     # create_collective_group from the driver: the actors make the group on first use
-    name = f"declared{next(_names)}"
-    col.create_collective_group(pool, 4, [3, 2, 1, 0], backend="ACCORD", group_name=name)
-    groups.made.append((pool, name))
-    fill(pool, 1000, base=1)
-    r = ray.get([a.do_allreduce.remote(name, ReduceOp.PRODUCT) for a in pool])
+    actors, name = groups.declare(4, [3, 2, 1, 0])
+    fill(actors, 1000, base=1)
+    r = ray.get([a.do_allreduce.remote(name, ReduceOp.PRODUCT) for a in actors])
     assert all((x == 24).all() for x in r)
-    assert ray.get([a.report_rank.remote(name) for a in pool]) == [3, 2, 1, 0]
+    assert ray.get([a.report_rank.remote(name) for a in actors]) == [3, 2, 1, 0]
 
 
 # -- test_reduce ---------------------------------------------------------------------
@@ -258,7 +310,7 @@ def test_reduce_different_array_size(groups, array_size, dst_rank):
 @pytest.mark.parametrize("dst_rank", [0, 1])
 def test_reduce_multiple_group(groups, dst_rank):
     names = [groups.make(2)[1] for _ in range(5)]
-    actors = groups.pool[:2]
+    actors = groups.actors(2)
     for i, name in enumerate(names):
         r = ray.get([a.do_reduce.remote(name, dst_rank) for a in actors])
         for j in range(2):
@@ -361,12 +413,14 @@ def test_unmatched_tensor_shape(groups, shape):
     fill(actors, 10)
     ray.get([a.set_list_buffer.remote([np.ones(shape, np.float32)] * 2, copy=True)
              for a in actors])
-    # Ray's test wants a RuntimeError (gloo's, from torch); accord's is a ValueError, raised
-    # before any byte moves: ArgumentError is both, on each member
+    # Ray's test wants a RuntimeError (gloo's, from torch), on each member
     for ref in [a.do_allgather.remote(name) for a in actors]:
-        with pytest.raises(RuntimeError, match="tensor_list") as caught:
+        with pytest.raises(RuntimeError) as caught:
             ray.get(ref)
-        assert isinstance(caught.value, ValueError)
+        if groups.backend == "ACCORD":
+            # accord's is a ValueError naming the argument, raised before any byte moves:
+            # ArgumentError is both
+            assert isinstance(caught.value, ValueError) and "tensor_list" in str(caught.value)
     # nothing moved: the same group goes on
     ray.get([a.set_list_buffer.remote([np.ones(10, np.float32)] * 2, copy=True) for a in actors])
     lists = ray.get([a.do_allgather.remote(name) for a in actors])
@@ -472,8 +526,8 @@ def test_sendrecv_every_pair_of_four(groups):
 
 # -- accord's errors, raised in the actors' methods ----------------------------------
 
-def test_mismatched_shapes_raise_desync_on_every_member(groups):
-    actors, name = groups.make(2)
+def test_mismatched_shapes_raise_desync_on_every_member(accord_groups):
+    actors, name = accord_groups.make(2)
     ray.get([actors[0].set_buffer.remote(np.ones(10, np.float32)),
              actors[1].set_buffer.remote(np.ones(12, np.float32))])
     refs = [a.do_allreduce.remote(name) for a in actors]
@@ -482,9 +536,9 @@ def test_mismatched_shapes_raise_desync_on_every_member(groups):
             ray.get(ref)
 
 
-def test_timeout_ms_raises_comm_timeout(groups):
+def test_timeout_ms_raises_comm_timeout(accord_groups):
     # only rank 0 calls: its allreduce ends at AllReduceOptions.timeout_ms
-    actors, name = groups.make(2)
+    actors, name = accord_groups.make(2)
     with pytest.raises(accord.CommTimeout, match="all_reduce"):
         ray.get(actors[0].allreduce_within.remote(name, 300))
 
@@ -507,3 +561,77 @@ def test_dead_actor_raises_peer_lost(pool):
         ray.get([a.destroy_group.remote(name) for a in survivors])
     finally:
         ray.kill(victim)
+
+
+# -- a member that dies, or never comes, while the group is being made ---------------
+# The others do not wait for the group's timeout (ACCORD_TIMEOUT): the ray.get deadlines
+# below are far shorter than it, and than the join timeout (60 s by default).
+
+@pytest.mark.parametrize("victim_rank", [0, 1])
+def test_declared_member_dead_before_joining_raises_peer_lost(pool, victim_rank):
+    # the driver declares a group of three, and one member's actor is killed before it ever
+    # joins: Ray's record of the declaration names its actor, which Ray reports dead
+    from ray_workers import Worker
+    victim = Worker.remote()
+    survivors = pool[:2]
+    actors = list(survivors)
+    actors.insert(victim_rank, victim)
+    name = f"declared_dead{next(_names)}"
+    col.create_collective_group(actors, 3, [0, 1, 2], backend="ACCORD", group_name=name)
+    ray.kill(victim)
+    try:
+        refs = [a.do_allreduce.remote(name) for a in survivors]
+        for ref in refs:
+            with pytest.raises(accord.PeerLost, match=f"peer rank {victim_rank} died while the "
+                                                      f"group was being made"):
+                ray.get(ref, timeout=30)
+    finally:
+        ray.kill(ray.get_actor("info_" + name))
+
+
+def _wait_arrived(name, rank, size):
+    """Block until member `rank` of ACCORD group `name` is in (read from rank 0's store)."""
+    import time
+    from accord.ray import members, rendezvous
+    from accord.tcpstore import TCPStore
+    deadline = time.monotonic() + 30
+    while (record := rendezvous.published(name)) is None:
+        assert time.monotonic() < deadline, "rank 0 never published its store"
+        time.sleep(0.05)
+    store = TCPStore(record["host"], record["port"], size, timeout=30, token=record["token"])
+    try:
+        store.wait([members.arrival_key(rank)])
+    finally:
+        store.close()
+
+
+def test_member_dead_after_arriving_raises_peer_lost(pool):
+    # init_collective_group: rank 1 arrives (its actor id is then known), rank 2 is late, and
+    # rank 1's actor dies while rank 0 waits for rank 2
+    from ray_workers import Worker
+    victim = Worker.remote()
+    name = f"arrived_dead{next(_names)}"
+    try:
+        waiting = pool[0].init_group.remote(3, 0, "ACCORD", name)
+        victim.init_group.remote(3, 1, "ACCORD", name)
+        _wait_arrived(name, 1, 3)
+        ray.kill(victim)
+        with pytest.raises(accord.PeerLost, match="peer rank 1 died while the group was being "
+                                                  "made .its actor [0-9a-f]+ died"):
+            ray.get(waiting, timeout=30)
+    finally:
+        ray.kill(victim)
+
+
+def test_member_that_never_joins_is_named_at_the_join_timeout(pool, accord_groups):
+    # init_collective_group on ranks 0 and 2 of 3: rank 1 never calls it (its actor died
+    # first, and nothing tells the others which actor rank 1 was), so the wait ends at the
+    # join timeout (here 2 s) with the missing rank named, on both
+    name = f"missing{next(_names)}"
+    refs = [a.init_group_within.remote(3, r, name, 2) for a, r in zip(pool[:2], [0, 2])]
+    for ref in refs:
+        with pytest.raises(accord.CommTimeout, match=r"rank\(s\) 1 of 3 did not join within 2 s"):
+            ray.get(ref, timeout=30)
+    # nothing is left behind: a group made under the name now meets afresh
+    actors, _ = accord_groups.make(2, name)
+    assert all((o == 2).all() for o in ray.get([a.do_allreduce.remote(name) for a in actors]))

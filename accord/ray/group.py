@@ -3,7 +3,8 @@
 Ray makes one instance per (process, group name) when an actor calls
 init_collective_group(..., backend="ACCORD"), or on the first collective of a
 group declared by create_collective_group. The instance meets its peers
-(rendezvous.py), then holds an accord ProcessGroup of its own: shared memory
+(rendezvous.py), waits until every member is there, failing fast on a member
+Ray reports dead (members.py), then holds an accord ProcessGroup of its own: shared memory
 among the members on one host, TCP between hosts, hierarchical (one leader
 per host on the network) for large collectives of a group spanning hosts with
 several members on one. Several Ray groups in one actor are several
@@ -24,7 +25,7 @@ from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 from .. import api, world
 from ..options import Options
-from . import convert, rendezvous
+from . import convert, members, rendezvous
 
 BACKEND_NAME = "ACCORD"
 _STORE_LINGER_S = 1.0
@@ -61,23 +62,35 @@ class AccordGroup(BaseGroup):
         group_name: the group's name; members meet under it.
 
     Raises:
-        accord.CommTimeout: not every member arrived within the group's timeout.
+        accord.PeerLost: Ray reports a member's actor dead before every member arrived
+            (members.py: a member that arrived, or any member of a declared group).
+        accord.CommTimeout: not every member arrived within the join timeout
+            (ACCORD_RAY_JOIN_TIMEOUT, default 60 s, at most the group's timeout); the
+            message names the missing ranks.
     """
 
     def __init__(self, world_size: int, rank: int, group_name: str):
         super().__init__(world_size, rank, group_name)
-        self.timeout = Options.from_env().timeout
+        options = Options.from_env()
+        self.timeout = options.timeout
         self._store = None
         self._group = None
+        if world_size > 1:
+            watch = members.Watch(group_name, rank, world_size,
+                                  min(options.ray_join_timeout, self.timeout))
         if world_size > 1 and rank == 0:
             self._store = rendezvous.host_store(group_name, world_size, self.timeout)
             master = rendezvous.node_address()
         elif world_size > 1:
-            self._store, master = rendezvous.join_store(group_name, rank, world_size, self.timeout)
+            self._store, master = rendezvous.join_store(group_name, rank, world_size,
+                                                        self.timeout, watch)
         else:
             from ..store import HashStore
             self._store, master = HashStore(), "127.0.0.1"
         try:
+            if world_size > 1:
+                # every member there, or a dead or missing one named, within the join timeout
+                members.await_arrivals(self._store, watch)
             self._group = world.group_from_store(self._store, rank, world_size, self.timeout,
                                                  f"ray:{group_name}", master_host=master)
             if world_size > 1:

@@ -8,6 +8,9 @@ and the group, so two jobs' groups of the same name do not meet, and rank 0
 removes it once every member is in: a group made again under the same name
 (after destroy_collective_group) meets afresh.
 
+The search for the store ends at the group's join deadline, or at once when
+Ray reports rank 0's actor dead (members.py).
+
 A key left behind by a rank 0 that died during its rendezvous points at a
 store nobody serves: a member that cannot reach it reads the key again until
 the deadline, so the next rank 0's address, published under the same key,
@@ -25,6 +28,7 @@ from ray.experimental import internal_kv
 
 from ..errors import AccordError, CommTimeout
 from ..tcpstore import TCPStore
+from .members import Watch
 
 _KV_NAMESPACE = "accord"
 _POLL_S = (0.02, 0.25)          # the first and the longest pause between reads of the key
@@ -61,14 +65,20 @@ def unpublish(group_name: str) -> None:
         pass
 
 
-def join_store(group_name: str, rank: int, size: int, timeout: float) -> Tuple[TCPStore, str]:
+def join_store(group_name: str, rank: int, size: int, timeout: float,
+               watch: Watch) -> Tuple[TCPStore, str]:
     """Any other rank: (a client of the group's store, the store's host).
 
+    timeout: the group's (the store's operations); the search for the store
+    ends at the watch's join deadline, or as soon as Ray reports rank 0's
+    actor dead (a declared group names it).
+
     Raises:
+        accord.PeerLost: Ray reports rank 0's actor dead.
         accord.CommTimeout: no reachable store for a group of `size` was published
-            within timeout (rank 0 not started, or made with another world size).
+            within the join timeout (rank 0 not started, or made with another world size).
     """
-    deadline = time.monotonic() + timeout
+    deadline = watch.deadline
     pause, last = _POLL_S[0], None
     key = kv_key(group_name)
     while True:
@@ -86,14 +96,21 @@ def join_store(group_name: str, rank: int, size: int, timeout: float) -> Tuple[T
                 return store, record["host"]
             except (AccordError, OSError) as e:
                 last = f"the published store {record['host']}:{record['port']}: {e}"
+        watch.check()
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise CommTimeout(
                 f"rank {rank} of Ray collective group {group_name!r}: rank 0 did not publish "
-                f"a reachable store within {timeout:g} s"
+                f"a reachable store within {watch.timeout:g} s (ACCORD_RAY_JOIN_TIMEOUT)"
                 + (f" (last: {last})" if last else " (is rank 0's init_collective_group running?)"))
         time.sleep(min(pause, remaining))
         pause = min(pause * 2, _POLL_S[1])
+
+
+def published(group_name: str) -> Optional[dict]:
+    """What rank 0 of group_name published (host, port, token, size), None before it did
+    or once every member is in."""
+    return _read(kv_key(group_name))
 
 
 def _read(key: str) -> Optional[dict]:
