@@ -570,9 +570,10 @@ def test_dead_actor_raises_peer_lost(pool):
 @pytest.mark.parametrize("victim_rank", [0, 1])
 def test_declared_member_dead_before_joining_raises_peer_lost(pool, victim_rank):
     # the driver declares a group of three, and one member's actor is killed before it ever
-    # joins: Ray's record of the declaration names its actor, which Ray reports dead
+    # joins: Ray's record of the declaration names its actor, which Ray reports dead. (The
+    # victim asks for a resource no node has, so that it is killed before it even starts.)
     from ray_workers import Worker
-    victim = Worker.remote()
+    victim = Worker.options(resources={"never_granted": 1}).remote()
     survivors = pool[:2]
     actors = list(survivors)
     actors.insert(victim_rank, victim)
