@@ -636,3 +636,12 @@ def test_member_that_never_joins_is_named_at_the_join_timeout(pool, accord_group
     # nothing is left behind: a group made under the name now meets afresh
     actors, _ = accord_groups.make(2, name)
     assert all((o == 2).all() for o in ray.get([a.do_allreduce.remote(name) for a in actors]))
+
+
+def test_join_timeout_is_read_from_the_environment():
+    from accord.options import Options
+    assert Options.from_env({}).ray_join_timeout == 60.0
+    assert Options.from_env({"ACCORD_RAY_JOIN_TIMEOUT": " 2.5 "}).ray_join_timeout == 2.5
+    for bad in ["soon", "0", "-1"]:
+        with pytest.raises(ValueError, match="ACCORD_RAY_JOIN_TIMEOUT"):
+            Options.from_env({"ACCORD_RAY_JOIN_TIMEOUT": bad})
