@@ -92,7 +92,7 @@ def _build_group(w, name, ranks, timeout):
 
 
 def group_from_store(store, rank, size, timeout=None, name="default", ranks=None,
-                     master_host=None):
+                     master_host=None, connect_timeout=None):
     """A standalone member group over a store someone else set up (accord.torch, accord.ray).
 
     store: anything with set/get (bytes)/add/wait, e.g. a torch.distributed
@@ -100,6 +100,8 @@ def group_from_store(store, rank, size, timeout=None, name="default", ranks=None
     are the members' global ranks (used in messages), default range(size).
     master_host: a host every member reaches (the store's); this process listens
     on the interface that routes there (default: MASTER_ADDR, else loopback).
+    connect_timeout: how long connecting to the peers may take (default: timeout,
+    the group's default for its collectives).
     The group is not part of accord's own world: its owner destroys it.
     """
     options = Options.from_env()
@@ -108,7 +110,8 @@ def group_from_store(store, rank, size, timeout=None, name="default", ranks=None
     if len(ranks) != size or not 0 <= rank < size:
         raise ValueError(f"rank {rank} / size {size} / ranks {ranks} do not agree")
     g = ProcessGroup(name, ranks, ranks[rank], timeout=timeout, options=options)
-    connect(g, store, local_address(options, master_host or _master_host(None)), timeout)
+    connect(g, store, local_address(options, master_host or _master_host(None)),
+            to_seconds(connect_timeout) or timeout)
     return g
 
 

@@ -91,8 +91,12 @@ class AccordGroup(BaseGroup):
             if world_size > 1:
                 # every member there, or a dead or missing one named, within the join timeout
                 members.await_arrivals(self._store, watch)
-            self._group = world.group_from_store(self._store, rank, world_size, self.timeout,
-                                                 f"ray:{group_name}", master_host=master)
+            # connecting, once every member is there, is bounded by the join timeout too: a
+            # member that dies now is not waited for until the group's timeout either
+            self._group = world.group_from_store(
+                self._store, rank, world_size, self.timeout, f"ray:{group_name}",
+                master_host=master,
+                connect_timeout=watch.timeout if world_size > 1 else None)
             if world_size > 1:
                 # rank 0 serves the store: every member is done reading it before any
                 # member may leave (and take the server with it)

@@ -15,7 +15,8 @@ and while it lasts each member asks Ray about the members it can name:
 A member Ray reports DEAD ends the wait on every member that asked, within
 about a second, with accord.PeerLost naming its rank. A member nobody can name
 (init_collective_group called on the others while its actor was already gone)
-is waited for until the join deadline, then named in a CommTimeout.
+is waited for until the join deadline, then named in a CommTimeout. (Once all
+have arrived, connecting to one another gets the join timeout again: group.py.)
 
 Ray is asked through its control store's actor table, the one its own state
 tools read (`ray.util.state` needs the dashboard, which a cluster may run
