@@ -4,10 +4,10 @@ Ray makes one instance per (process, group name) when an actor calls
 init_collective_group(..., backend="ACCORD"), or on the first collective of a
 group declared by create_collective_group. The instance meets its peers
 (rendezvous.py), waits until every member is there, failing fast on a member
-Ray reports dead (members.py), then holds an accord ProcessGroup of its own: shared memory
-among the members on one host, TCP between hosts, hierarchical (one leader
-per host on the network) for large collectives of a group spanning hosts with
-several members on one. Several Ray groups in one actor are several
+Ray reports dead (members.py), then holds an accord ProcessGroup of its own:
+shared memory among the members on one host, TCP between hosts, hierarchical
+(one leader per host on the network) for large collectives of a group
+spanning hosts with several members on one. Several Ray groups in one actor are several
 independent accord groups.
 
 Each Ray call is one accord collective, run on the calling thread; accord's
@@ -75,9 +75,8 @@ class AccordGroup(BaseGroup):
         self.timeout = options.timeout
         self._store = None
         self._group = None
-        if world_size > 1:
-            watch = members.Watch(group_name, rank, world_size,
-                                  min(options.ray_join_timeout, self.timeout))
+        join_s = min(options.ray_join_timeout, self.timeout)
+        watch = members.Watch(group_name, rank, world_size, join_s) if world_size > 1 else None
         if world_size > 1 and rank == 0:
             self._store = rendezvous.host_store(group_name, world_size, self.timeout)
             master = rendezvous.node_address()
@@ -88,15 +87,14 @@ class AccordGroup(BaseGroup):
             from ..store import HashStore
             self._store, master = HashStore(), "127.0.0.1"
         try:
-            if world_size > 1:
+            if watch is not None:
                 # every member there, or a dead or missing one named, within the join timeout
                 members.await_arrivals(self._store, watch)
             # connecting, once every member is there, is bounded by the join timeout too: a
             # member that dies now is not waited for until the group's timeout either
             self._group = world.group_from_store(
                 self._store, rank, world_size, self.timeout, f"ray:{group_name}",
-                master_host=master,
-                connect_timeout=watch.timeout if world_size > 1 else None)
+                master_host=master, connect_timeout=join_s)
             if world_size > 1:
                 # rank 0 serves the store: every member is done reading it before any
                 # member may leave (and take the server with it)
