@@ -29,3 +29,30 @@ def _fork_then_collective(rank, world):
 def test_exiting_forked_child_leaves_parent_group_working(transport):
     out = run_ranks(3, _fork_then_collective, timeout=30, env={"ACCORD_TRANSPORT": transport})
     assert out == [(0, [6.0] * 5, True)] * 3
+
+
+def test_forked_child_forgets_the_parents_issuing_threads():
+    # a parent where another thread issued a collective (a test runner, a server) forks
+    # workers: each has one thread, so it takes part in deadlock detection again
+    import threading
+
+    from accord.debug import groups
+    saved = groups.other_issuers
+    try:
+        t = threading.Thread(target=groups.on_main_thread)
+        t.start()
+        t.join()
+        assert groups.threaded()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.write(w, b"1" if groups.other_issuers or groups.threaded() else b"0")
+            os._exit(0)
+        os.close(w)
+        seen = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert seen == b"0"
+    finally:
+        groups.other_issuers = saved

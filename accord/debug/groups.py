@@ -38,9 +38,12 @@ _MAIN_IDENT = threading.main_thread().ident
 
 
 def _after_fork():
-    # a child forked from another thread has that thread as its main one
-    global _MAIN_IDENT
+    # a child forked from another thread has that thread as its main one, and no other:
+    # the parent's other issuing threads are not in it (a child that believed they were
+    # would take no part in deadlock detection, deadlock.py)
+    global _MAIN_IDENT, other_issuers
     _MAIN_IDENT = threading.main_thread().ident
+    other_issuers = False
 
 
 os.register_at_fork(after_in_child=_after_fork)
