@@ -56,3 +56,28 @@ def test_forked_child_forgets_the_parents_issuing_threads():
         assert seen == b"0"
     finally:
         groups.other_issuers = saved
+
+
+def _publisher_in_forked_child(rank, world):
+    # this rank's groups started its positions publisher; a child forked now (a worker
+    # forked by the test runner, say) starts its own with its first group, and leaves
+    # the parent's groups out of what it publishes
+    from accord.debug import groups, monitor
+    assert monitor._publisher is not None and groups.live_groups()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        ok = monitor._publisher is None and not groups.live_groups()
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    seen = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    dist.barrier()
+    return seen
+
+
+def test_forked_child_starts_its_own_positions_publisher():
+    assert run_ranks(2, _publisher_in_forked_child, timeout=30) == [b"1", b"1"]

@@ -40,10 +40,13 @@ _MAIN_IDENT = threading.main_thread().ident
 def _after_fork():
     # a child forked from another thread has that thread as its main one, and no other:
     # the parent's other issuing threads are not in it (a child that believed they were
-    # would take no part in deadlock detection, deadlock.py)
-    global _MAIN_IDENT, other_issuers
+    # would take no part in deadlock detection, deadlock.py). Nor is it a member of the
+    # parent's groups: its copies of them must not publish positions or call sites.
+    global _MAIN_IDENT, other_issuers, _groups, _lock
     _MAIN_IDENT = threading.main_thread().ident
     other_issuers = False
+    _groups = weakref.WeakSet()
+    _lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -8,6 +8,7 @@ apart from positions and deadlock because it drives both: deadlock reads
 positions, so positions must not import deadlock back. register() is also
 where a group joins the rest of debugging (its call sites, SIGUSR1, logging).
 """
+import os
 import threading
 import time
 
@@ -15,6 +16,17 @@ from . import callsite, deadlock, groups, positions, recorder
 
 _lock = threading.Lock()
 _publisher = None
+
+
+def _after_fork():
+    # the parent's publisher thread is not in a forked child: the child starts its own
+    # with its first group (it would otherwise publish nothing and never see a deadlock)
+    global _publisher, _lock
+    _publisher = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def register(group):
