@@ -78,25 +78,17 @@ def two_hosts():
         _sh("ip", "netns", "del", b)
 
 
-@pytest.mark.parametrize("mode", ["tcp", "hierarchical"])
-def test_two_hosts_over_veth(two_hosts, tmp_path, mode):
-    # namespaces share the kernel (and its host identity): ACCORD_HOST_ID tells the hosts
-    # apart, so that auto gives each its shared memory and the leaders the veth link
-    (ns_a, addr_a), (ns_b, addr_b) = two_hosts
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
+def _run_on_two_hosts(hosts, addr_a, script, tmp_path, extra=()):
+    """One `accord run --nnodes 2 -n 2` per namespace host, node ranks in order;
+    hosts: [(namespace, env)]. Returns [(exit status, output)] per host (fails the
+    test if a host's launcher is not done within 90 s)."""
     port = str(random.randint(20000, 40000))
     procs = []
-    for ns, node in ((ns_a, "0"), (ns_b, "1")):
-        env = dict(os.environ, ACCORD_TIMEOUT="60")
-        if mode == "tcp":
-            env.update(ACCORD_TRANSPORT="tcp", EXPECT_HIER="0")
-        else:
-            env.update(ACCORD_TRANSPORT="auto", ACCORD_HOST_ID=ns, EXPECT_HIER="1")
+    for node, (ns, env) in enumerate(hosts):
         procs.append(subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes", "2",
-             "--node-rank", node, "--master-addr", addr_a, "--master-port", port, "-n", "2",
-             str(script), str(tmp_path)],
+             "--node-rank", str(node), "--master-addr", addr_a, "--master-port", port, "-n", "2",
+             *extra, str(script), str(tmp_path)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
     for p in procs:
@@ -106,8 +98,26 @@ def test_two_hosts_over_veth(two_hosts, tmp_path, mode):
             for q in procs:
                 q.kill()
             pytest.fail("multi-host job hung:\n" + "\n".join(outs))
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
+
+
+@pytest.mark.parametrize("mode", ["tcp", "hierarchical"])
+def test_two_hosts_over_veth(two_hosts, tmp_path, mode):
+    # namespaces share the kernel (and its host identity): ACCORD_HOST_ID tells the hosts
+    # apart, so that auto gives each its shared memory and the leaders the veth link
+    (ns_a, addr_a), (ns_b, addr_b) = two_hosts
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    hosts = []
+    for ns in (ns_a, ns_b):
+        env = dict(os.environ, ACCORD_TIMEOUT="60")
+        if mode == "tcp":
+            env.update(ACCORD_TRANSPORT="tcp", EXPECT_HIER="0")
+        else:
+            env.update(ACCORD_TRANSPORT="auto", ACCORD_HOST_ID=ns, EXPECT_HIER="1")
+        hosts.append((ns, env))
+    for status, out in _run_on_two_hosts(hosts, addr_a, script, tmp_path):
+        assert status == 0, out
     for r in range(4):
         assert (tmp_path / f"ok{r}").read_text() == addr_a
 
@@ -133,26 +143,11 @@ def test_two_hosts_over_ipv6_with_socket_ifname(two_hosts_v6, tmp_path):
     (ns_a, addr_a, dev_a), (ns_b, _, dev_b) = two_hosts_v6
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    port = str(random.randint(20000, 40000))
-    procs = []
-    for ns, node, dev in ((ns_a, "0", dev_a), (ns_b, "1", dev_b)):
-        env = dict(os.environ, ACCORD_TIMEOUT="60", ACCORD_TRANSPORT="tcp", EXPECT_HIER="0",
-                   ACCORD_SOCKET_IFNAME=dev, ACCORD_STORE_TOKEN="shared-by-both-hosts")
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes", "2",
-             "--node-rank", node, "--master-addr", addr_a, "--master-port", port, "-n", "2",
-             str(script), str(tmp_path)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=90)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("multi-host job hung:\n" + "\n".join(outs))
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out
+    hosts = [(ns, dict(os.environ, ACCORD_TIMEOUT="60", ACCORD_TRANSPORT="tcp", EXPECT_HIER="0",
+                       ACCORD_SOCKET_IFNAME=dev, ACCORD_STORE_TOKEN="shared-by-both-hosts"))
+             for ns, dev in ((ns_a, dev_a), (ns_b, dev_b))]
+    for status, out in _run_on_two_hosts(hosts, addr_a, script, tmp_path):
+        assert status == 0, out
     for r in range(4):
         assert (tmp_path / f"ok{r}").read_text() == addr_a
 
@@ -207,28 +202,17 @@ def test_a_rank_on_the_second_host_dies_and_the_others_shrink(two_hosts, tmp_pat
     (ns_a, addr_a), (ns_b, _) = two_hosts
     script = tmp_path / "job.py"
     script.write_text(SHRINK_SCRIPT)
-    port = str(random.randint(20000, 40000))
-    procs = []
-    for ns, node in ((ns_a, "0"), (ns_b, "1")):
+    hosts = []
+    for ns in (ns_a, ns_b):
         env = dict(os.environ, ACCORD_TIMEOUT="60", ACCORD_HOST_ID=ns,
                    ACCORD_TRANSPORT="tcp" if mode == "tcp" else "auto")
         if token:
             env["ACCORD_STORE_TOKEN"] = token
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", "accord", "run", "--nnodes", "2",
-             "--node-rank", node, "--master-addr", addr_a, "--master-port", port, "-n", "2",
-             "--keep-going", str(script), str(tmp_path)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=90)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("multi-host job hung:\n" + "\n".join(outs))
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out
+        hosts.append((ns, env))
+    runs = _run_on_two_hosts(hosts, addr_a, script, tmp_path, extra=("--keep-going",))
+    for status, out in runs:
+        assert status == 0, out
+    outs = [out for _, out in runs]
     assert "rank 3 was killed by SIGKILL" in outs[1], outs[1]
     assert "cannot mark rank 3 ended" not in outs[1], outs[1]
     want_hier = mode == "hierarchical"      # host A's two ranks and host B's one
