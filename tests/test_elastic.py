@@ -25,6 +25,18 @@ def _die(delay=0.0):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _all_reduce_until_a_death(rank, victim, delay, x, group=None):
+    """Every rank all-reduces x in a loop; `victim` is SIGKILLed `delay` s in, the
+    others return once a call fails for it (PeerLost, or GroupClosed after one)."""
+    if rank == victim:
+        _die(delay)
+    try:
+        while True:
+            dist.all_reduce(x, group=group)
+    except (dist.PeerLost, dist.GroupClosed):
+        pass
+
+
 def _data(rank):
     # values whose float sum depends on the order of addition: bit-identity is a real check
     return np.random.default_rng(100 + rank).standard_normal(4099).astype(np.float32) * 1e3
@@ -158,15 +170,7 @@ def test_shrink_timeout_names_the_member_that_did_not_answer():
 
 def _admit(rank, world, newcomer_env):
     dist.barrier()
-    if rank == 2:
-        _die(0.1)
-        while True:
-            dist.all_reduce(np.ones(4))
-    try:
-        while True:
-            dist.all_reduce(np.ones(4))
-    except (dist.PeerLost, dist.GroupClosed):
-        pass
+    _all_reduce_until_a_death(rank, 2, 0.1, np.ones(4))
     dist.shrink(timeout=20)
     t0 = time.monotonic()
     dist.admit()                     # nobody waiting: the same group, at once
@@ -436,15 +440,7 @@ def _hier_survive(rank, world, layout):
     os.environ["ACCORD_HOST_ID"] = layout[rank]
     dist.init_process_group()
     dist.barrier()
-    if rank == 3:
-        _die(0.05)
-        while True:
-            dist.all_reduce(np.ones(1 << 16, np.float32))
-    try:
-        while True:
-            dist.all_reduce(np.ones(1 << 16, np.float32))
-    except (dist.PeerLost, dist.GroupClosed):
-        pass
+    _all_reduce_until_a_death(rank, 3, 0.05, np.ones(1 << 16, np.float32))
     dist.shrink(timeout=20)
     y = _data(rank)
     dist.all_reduce(y)
@@ -470,15 +466,7 @@ def _old_subgroups(rank, world):
     b = dist.new_group([0, 1])           # loses rank 1: revoked, rebuilt with shrink(b)
     c = dist.new_group([0, 2, 3])        # keeps every member (rank 1 is not in it)
     dist.barrier()
-    if rank == 1:
-        _die(0.05)
-        while True:
-            dist.all_reduce(np.ones(4))
-    try:
-        while True:
-            dist.all_reduce(np.ones(4))
-    except (dist.PeerLost, dist.GroupClosed):
-        pass
+    _all_reduce_until_a_death(rank, 1, 0.05, np.ones(4))
     dist.shrink(timeout=20)              # old ranks 0, 2, 3 are now 0, 1, 2
     out = {"c": dist.get_process_group_ranks(c)}
     y = np.full(2, float(rank))
