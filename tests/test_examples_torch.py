@@ -26,11 +26,27 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT = 150          # one `accord run` (seconds; 5-15 s here on 2 busy cores)
-pytestmark = pytest.mark.timeout(2 * RUN_TIMEOUT + 60)   # two runs per test, and slack
+pytestmark = pytest.mark.timeout(3 * RUN_TIMEOUT + 60)   # two runs per test, a gloo retry, slack
+
+
+# torch 2.13's gloo process group sometimes aborts at interpreter exit on a busy machine
+# (a joinable std::thread destroyed: "terminate called without an active exception"), after
+# the example printed its result: seen once in a full suite, never alone. The gloo run is
+# only the reference, so such an exit is retried once; accord's runs are never retried.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
 def run_example(name, backend, *args):
     """`accord run -n 2 examples/NAME.py --backend BACKEND ARGS`: (result line, output)."""
+    try:
+        return _run_example(name, backend, *args)
+    except AssertionError as e:
+        if backend != "gloo" or GLOO_EXIT_ABORT not in str(e):
+            raise
+        return _run_example(name, backend, *args)
+
+
+def _run_example(name, backend, *args):
     env = dict(os.environ)
     # the launcher and its ranks import this checkout's accord, installed or not
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
