@@ -38,6 +38,7 @@ between two network namespaces that drops every packet (run_fault,
 run_partition; tests/test_faults_under_load.py runs the same).
 """
 import argparse
+import collections
 import ctypes
 import gc
 import json
@@ -104,6 +105,18 @@ def _sample(t0):
             "objects": len(gc.get_objects()),
             "traced": tracemalloc.get_traced_memory()[0] >> 10
             if tracemalloc.is_tracing() else None}
+
+
+def _census():
+    """How many Python objects (those the collector tracks) of each type there are."""
+    return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+
+
+def _census_growth(before, top=8):
+    """The types whose count grew most since `before`: ["dict +120", ...]."""
+    diff = _census()
+    diff.subtract(before)
+    return [f"{name} {n:+d}" for name, n in diff.most_common(top) if n > 0]
 
 
 def _fds():
@@ -263,7 +276,7 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
     fault_t = None                       # time.time() of the fault on this rank
     next_sample = t0 + sample_s
     flag = np.zeros(1, np.int64)
-    samples, fds0, threads0, snap0 = [], None, None, None
+    samples, fds0, threads0, snap0, census0 = [], None, None, None, None
     error = None
     try:
         while True:
@@ -284,6 +297,7 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
                     if fds0 is None and samples[-1]["t"] >= WARM_UP * duration:
                         # every group, thread and buffer exists by now
                         fds0, threads0 = _fds(), threading.active_count()
+                        census0 = _census()
                         if tracemalloc.is_tracing():
                             snap0 = tracemalloc.take_snapshot()
                 if flag[0] == _FAULT:
@@ -308,6 +322,7 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
                  f"{st.size_diff / 1024:+.0f} KiB ({st.count_diff:+d} blocks)"
                  for st in tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:8]]
     fds1, threads1 = _fds(), threading.active_count()
+    objects_grown = [] if census0 is None else _census_growth(census0)
     if fds0 is None:
         fds0, threads0 = fds1, threads1
     for _, g in subgroups:
@@ -319,7 +334,8 @@ def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, faul
                 anon_growth=growth(samples, "anon"),
                 malloc_used_growth=growth(samples, "malloc_used"),
                 malloc_free_growth=growth(samples, "malloc_free"),
-                objects_growth=growth(samples, "objects"), traced_growth=grown)
+                objects_growth=growth(samples, "objects"), objects_grown=objects_grown,
+                traced_growth=grown)
     every = [None] * world
     accord.all_gather_object(every, mine)
     if rank != 0:

@@ -51,7 +51,7 @@ def _publish_loop():
         live = [g for g in groups.live_groups()
                 if g._closed is None and getattr(g, "store", None) is not None]
         # a position tells of every group of the process: any change republishes all
-        state = tuple((id(g.recorder.current), g._seq, g.waiters,
+        state = tuple((g.recorder.added, id(g.recorder.current), g._seq, g.waiters,
                        tuple(positions.waiting_on(g)) if g.recorder.current is not None else ())
                       for g in live)
         for g in live:

@@ -31,26 +31,43 @@ _FIELDS = ("seq", "op", "root", "dtype", "count", "shape", "where", "t_issue", "
 
 
 class Recorder:
-    """The last RECORD calls of one group, and where the group stands."""
+    """The last RECORD calls of one group, and where the group stands.
+
+    The ring is allocated whole when the group is made and its entries are reused in
+    place, so a group's recorder takes the same memory after its first call as after
+    its millionth (a long job's memory must not creep while the ring fills), and a call
+    builds no new list. An entry still in flight when its turn comes round again (more
+    than RECORD calls outstanding) is left to its owner and a fresh one takes its slot."""
 
     def __init__(self, size=RECORD):
-        self.entries = collections.deque(maxlen=size)
+        self.entries = collections.deque(
+            ([None] * len(_FIELDS) for _ in range(size)), maxlen=size)
+        self.added = 0               # calls recorded so far (the monitor's change counter)
         self.current = None          # the entry running now
         self.last_done = None        # the last entry completed
 
     def add(self, seq, op, root, dtype, count, shape, where):
-        e = [seq, op, root, dtype, count, shape, where, None, None, None, ISSUED, None]
-        self.entries.append(e)
+        entries = self.entries
+        self.added += 1
+        e = entries[0]               # the oldest
+        if e[STATE] is None or e[STATE] is DONE or e[STATE] is FAILED:
+            entries.rotate(-1)       # ... becomes the newest
+            e[:] = (seq, op, root, dtype, count, shape, where, None, None, None, ISSUED, None)
+        else:
+            e = [seq, op, root, dtype, count, shape, where, None, None, None, ISSUED, None]
+            entries.append(e)
         return e
 
     def find(self, seq):
         for e in reversed(self.entries):
+            if e[STATE] is None:     # never used: nothing older either
+                return None
             if e[SEQ] == seq:
                 return e
         return None
 
     def as_dicts(self):
-        return [dict(zip(_FIELDS, e)) for e in list(self.entries)]
+        return [dict(zip(_FIELDS, e)) for e in list(self.entries) if e[STATE] is not None]
 
 
 def describe_entry(e):
