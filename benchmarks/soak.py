@@ -73,11 +73,21 @@ class _MallInfo2(ctypes.Structure):
                                                 "keepcost")]
 
 
+_LIBC = []          # [glibc] once loaded: each ctypes.CDLL() makes new classes, which a
+                    # sample every few seconds would add to the memory it measures
+
+
+def _libc():
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(None))
+    return _LIBC[0]
+
+
 def _malloc_kib():
     """(bytes malloc has handed out and not had back, free bytes it holds), in KiB:
     glibc's mallinfo2 over every arena; (None, None) elsewhere."""
     try:
-        f = ctypes.CDLL(None).mallinfo2
+        f = _libc().mallinfo2
     except (OSError, AttributeError):
         return None, None
     f.restype = _MallInfo2
@@ -91,7 +101,7 @@ def set_mmap_threshold(nbytes):
     threshold also stops glibc from raising it to the largest block freed so far, which
     is what lets freed multi-MiB arrays pile up in the heap). False where not glibc."""
     try:
-        return bool(ctypes.CDLL(None).mallopt(-3, int(nbytes)))      # M_MMAP_THRESHOLD
+        return bool(_libc().mallopt(-3, int(nbytes)))      # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         return False
 
