@@ -643,7 +643,7 @@ def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
         return g.p2p_blocking(opname, is_send, peer, view, tag, timeout, finish)
     op = _p2p_pending(g, is_send, tensor, peer, group_peer, tag, timeout, opname)
     g.post_p2p([op])
-    return Work(op.future, op.desc, waiter=g.p2p.wait)
+    return Work(op, lambda: op.desc, waiter=g.p2p.wait)
 
 
 def send(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None,
@@ -787,4 +787,4 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         pending.append(_p2p_pending(g, is_send, o.tensor, o.peer, o.group_peer, o.tag, None,
                                     "isend" if is_send else "irecv"))
     g.post_p2p(pending)
-    return [Work(p.future, p.desc, waiter=g.p2p.wait) for p in pending]
+    return [Work(p, lambda p=p: p.desc, waiter=g.p2p.wait) for p in pending]

@@ -108,11 +108,13 @@ class ProcessGroup:
         """A point-to-point operation ready for post_p2p (peer: group rank or None).
         entry: its flight-recorder entry, if p2p_entry() made it already."""
         timeout = self.timeout if timeout is None else timeout
-        if peer is None:
-            desc = f"{opname} from any rank"
-        else:
-            desc = f"{opname} {'to' if is_send else 'from'} {self.describe_rank(peer)}"
-        desc += f" (tag {tag}, {len(view)} bytes, group {self.name!r})"
+
+        def desc():             # made only for a message: most operations never need it
+            if peer is None:
+                text = f"{opname} from any rank"
+            else:
+                text = f"{opname} {'to' if is_send else 'from'} {self.describe_rank(peer)}"
+            return text + f" (tag {tag}, {len(view)} bytes, group {self.name!r})"
         if entry is None:
             entry = self.p2p_entry(opname, peer, len(view))
 
@@ -146,8 +148,8 @@ class ProcessGroup:
         if eng is None or peer is None:
             op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish)
             self.post_p2p([op])
-            self.p2p.wait(op.future)
-            return op.future.result()
+            self.p2p.wait(op)
+            return op.result()
         entry = self.p2p_entry(opname, peer, len(view))
         try:
             rec, op = eng.try_now(is_send, peer, view, tag, eng.spin_s, lambda rec: self.p2p_op(
@@ -170,8 +172,8 @@ class ProcessGroup:
         if op is None:
             op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish, entry)
             self.post_p2p([op])
-        eng.wait(op.future)
-        return op.future.result()
+        eng.wait(op)
+        return op.result()
 
     def post_p2p(self, ops):
         """Start point-to-point operations (in order); each one's future tells its end."""

@@ -31,12 +31,12 @@ The medium (a TcpTransport or a plane-1 ShmTransport) supplies: `links`,
 `lost_peers()`, `arm(links)`, `sleep(token, timeout)` and `wake()`; see
 transport/base.py.
 """
-import concurrent.futures
 import os
 import threading
 import time
 
 from ..errors import AccordError, CommTimeout, GroupClosed, PeerLost
+from ..work import Outcome
 from .matching import Recv
 
 _IDLE_S = 1.0            # the longest sleep with nothing to wait for
@@ -50,23 +50,32 @@ _TAKEN = Recv(-1, b"")       # the record of every receive taken at once: done, 
 _TAKEN.done = True
 
 
-class Pending:
-    """One posted send or receive, from post() to its future's result."""
-    __slots__ = ("is_send", "peer", "view", "tag", "deadline", "timeout", "future", "rec",
-                 "finish", "desc", "on_done", "over")
+class Pending(Outcome):
+    """One posted send or receive, from post() to its outcome (it is its own future:
+    done(), result(), wait(); the sender's global rank for a receive)."""
+    __slots__ = ("is_send", "peer", "view", "tag", "deadline", "timeout", "rec",
+                 "finish", "_desc", "on_done", "over")
 
     def __init__(self, is_send, peer, view, tag, timeout, desc, finish=None, on_done=None):
+        Outcome.__init__(self)
         self.is_send, self.peer, self.view, self.tag = is_send, peer, view, tag
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.future = concurrent.futures.Future()
         self.rec = None          # the medium's send record, a Recv, or any-source rivals
         self.finish = finish     # run once the bytes are in (copy back a staged buffer)
-        self.desc = desc
+        self._desc = desc        # "isend to rank 1 (tag 0, ...)", or what makes it
         self.on_done = on_done   # on_done(exc or None): the flight recorder's entry
-        # settled (its future has or is about to have its outcome): read by the engine
-        # on every pass over its operations, where future.done() would take a lock each
+        # settled (its outcome is set or about to be): what the engine reads on every
+        # pass over its operations
         self.over = False
+
+    @property
+    def desc(self):
+        """What the operation is, for messages: "irecv from rank 2 (tag 5, 64 bytes, ...)"."""
+        d = self._desc
+        if d.__class__ is not str:
+            d = self._desc = d()
+        return d
 
 
 class Engine:
@@ -98,7 +107,7 @@ class Engine:
 
     # -- any thread ------------------------------------------------------------------
     def post(self, ops):
-        """Hand operations to the engine (in order); their futures tell the outcome.
+        """Hand operations to the engine (in order); each tells its own outcome.
 
         Where the engine is idle, the caller starts them itself: a small send is
         written and a message already here is taken without a thread hand-off."""
@@ -129,7 +138,7 @@ class Engine:
 
     def try_now(self, is_send, peer, view, tag, spin_s, make_op):
         """A blocking send or receive with peer given, done on the caller's thread if
-        the plane is idle: no thread hand-off, no future, for the common case of a
+        the plane is idle: no thread hand-off, no Pending, for the common case of a
         small message in a ping-pong or a halo exchange.
 
         Where nothing else is posted on this group, the operation starts at once and
@@ -137,7 +146,7 @@ class Engine:
         done there (a receive's record may carry its error: a size mismatch), or
         (None, op) when it must wait: then make_op(record) built the Pending, which
         the engine has adopted, started as it is, before anyone else could touch the
-        link (the caller waits on op.future). (None, None): the plane is busy or
+        link (the caller waits on op). (None, None): the plane is busy or
         closed; nothing was started, post the operation. Raises the link's failure
         (PeerLost ...), which the engine then knows as well."""
         if self._thread is None:
@@ -203,8 +212,8 @@ class Engine:
         return op.is_send or not started or op.timeout < _IDLE_S
 
     def wait(self, future, timeout=None):
-        """Block until future (of an operation posted here) is done, or timeout seconds
-        pass; True if done.
+        """Block until future (an operation posted here, or another Outcome its
+        completion settles) is done, or timeout seconds pass; True if done.
 
         The waiting thread moves the links itself while nobody else does (MPI's
         progress inside calls): it spins a little where it has a core to spare, then
@@ -232,8 +241,7 @@ class Engine:
             if not self._busy.acquire(blocking=False):
                 # the engine thread is mid-turn, or another caller waits in here: it
                 # serves this operation too; look again shortly
-                concurrent.futures.wait([future], _POLL_S if left is None else
-                                        min(_POLL_S, left))
+                future.wait(_POLL_S if left is None else min(_POLL_S, left))
                 continue
             try:
                 while not future.done():
@@ -429,15 +437,15 @@ class Engine:
             return self._fail(op, e)
         if op.on_done is not None:
             op.on_done(None)
-        op.future.set_result(value)
+        op.set_result(value)
 
     def _fail(self, op, exc):
-        if op.future.done():
+        if op.done():
             return
         op.over = True
         if op.on_done is not None:
             op.on_done(exc)
-        op.future.set_exception(exc)
+        op.set_exception(exc)
 
     def _lose(self, peer, exc):
         """peer's link is unusable (it died, left or aborted): fail what needs it.
