@@ -16,7 +16,7 @@ from .algorithms.reduction import piece_elems, ring_reduce_scatter
 from .algorithms.table import choose
 from .args import (buf_list, check_len, optional_list, root_rank, same_dtype, same_size,
                    split_counts)
-from .buffers import as_buf
+from .buffers import as_buf, message_view
 from .group import ProcessGroup
 from .options import to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
@@ -628,8 +628,8 @@ def _p2p_args(g, is_send, tensor, peer_global, peer_local, tag, timeout):
         peer = None
     else:
         peer = _p2p(g, peer_global, peer_local, arg)
-    buf = as_buf(tensor, "tensor", writable=not is_send)
-    return peer, tag, buf.mv, None if is_send else buf.finish, timeout
+    view, finish = message_view(tensor, "tensor", writable=not is_send)
+    return peer, tag, view, None if is_send else finish, timeout
 
 
 def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):

@@ -12,6 +12,8 @@ from .buffers import as_buf
 def root_rank(g, glob, local, arg):
     """The rank within g of a peer given as a global rank (arg) or as group_<arg>
     (local); src/dst default to the group's first member."""
+    if local is None and glob.__class__ is int and glob in g.ranks:
+        return g.ranks.index(glob)           # the usual case: a member's global rank
     if local is not None:
         if glob is not None:
             raise ValueError(f"pass either {arg} or group_{arg}, not both")

@@ -243,6 +243,21 @@ def as_buf(obj, name, writable=True):
     return Buf(arr, arr.shape)
 
 
+def message_view(obj, name, writable):
+    """(the bytes of a message as a uint8 memoryview, what finishes a receive or None):
+    what point-to-point calls need of a tensor, with as_buf's checks and errors.
+
+    A contiguous numpy array of a supported dtype, the usual message, goes without
+    a Buf: a message carries no dtype, shape or reduction."""
+    if obj.__class__ is np.ndarray:
+        flags = obj.flags
+        if flags.c_contiguous and (flags.writeable or not writable) and \
+                _SUPPORTED.get(obj.dtype, 0) is None and obj.size:
+            return byte_view(obj), None
+    buf = as_buf(obj, name, writable)
+    return buf.mv, (None if buf._writeback is None else buf._writeback)
+
+
 def temp_like(buf, numel=None):
     """A fresh contiguous array with buf's dtype (bfloat16 stays int16 bits)."""
     return np.empty(buf.numel if numel is None else numel, dtype=buf.arr.dtype)
