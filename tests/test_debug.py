@@ -192,22 +192,16 @@ def test_suspicious_heuristics():
     assert debug_detail.suspicious("int64", np.arange(3)) is None
 
 
-def test_recorder_keeps_the_last_calls_in_a_ring_it_allocated_once():
-    from accord.debug.recorder import DONE, RUNNING, SEQ, STATE, Recorder
+def test_recorder_keeps_the_last_calls_in_a_ring_that_is_full_from_the_start():
+    from accord.debug.recorder import DONE, SEQ, STATE, Recorder
     r = Recorder(size=4)
     assert r.as_dicts() == [] and r.find(0) is None      # nothing recorded yet
-    slots = {id(e) for e in r.entries}
+    assert len(r.entries) == 4                           # ... but the ring's room is taken
     for seq in range(10):
         e = r.add(seq, "all_reduce", -1, "float32", 4, (4,), "train.py:3")
         e[STATE] = DONE
+        assert len(r.entries) == 4
     assert [d["seq"] for d in r.as_dicts()] == [6, 7, 8, 9]     # the last four, oldest first
-    assert {id(e) for e in r.entries} == slots                  # the same four lists, reused
+    assert r.as_dicts()[0]["where"] == "train.py:3" and r.as_dicts()[0]["state"] == DONE
     assert r.find(7)[SEQ] == 7 and r.find(5) is None
     assert r.added == 10
-    # a call still running when its slot comes round again keeps its entry; a new list
-    # takes the slot, so the running call's later updates describe that call only
-    running = r.entries[0]
-    running[STATE] = RUNNING
-    e = r.add(10, "broadcast", 0, "int64", 1, (1,), "x.py:1")
-    assert e is not running and running[SEQ] == 6 and running[STATE] == RUNNING
-    assert [d["seq"] for d in r.as_dicts()] == [7, 8, 9, 10]

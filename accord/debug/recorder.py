@@ -33,11 +33,10 @@ _FIELDS = ("seq", "op", "root", "dtype", "count", "shape", "where", "t_issue", "
 class Recorder:
     """The last RECORD calls of one group, and where the group stands.
 
-    The ring is allocated whole when the group is made and its entries are reused in
-    place, so a group's recorder takes the same memory after its first call as after
-    its millionth (a long job's memory must not creep while the ring fills), and a call
-    builds no new list. An entry still in flight when its turn comes round again (more
-    than RECORD calls outstanding) is left to its owner and a fresh one takes its slot."""
+    The ring is full from the start (RECORD blank entries, made when the group is),
+    and each call's entry replaces the oldest: a group's recorder holds as much
+    memory after its first call as after its millionth, where a ring filling up
+    would grow for RECORD calls (a subgroup used now and then: for hours)."""
 
     def __init__(self, size=RECORD):
         self.entries = collections.deque(
@@ -47,15 +46,11 @@ class Recorder:
         self.last_done = None        # the last entry completed
 
     def add(self, seq, op, root, dtype, count, shape, where):
-        entries = self.entries
+        # a fresh list (reusing the oldest in place costs more than this); the one it
+        # pushes out is freed, and the next entry takes its memory
+        e = [seq, op, root, dtype, count, shape, where, None, None, None, ISSUED, None]
+        self.entries.append(e)
         self.added += 1
-        e = entries[0]               # the oldest
-        if e[STATE] is None or e[STATE] is DONE or e[STATE] is FAILED:
-            entries.rotate(-1)       # ... becomes the newest
-            e[:] = (seq, op, root, dtype, count, shape, where, None, None, None, ISSUED, None)
-        else:
-            e = [seq, op, root, dtype, count, shape, where, None, None, None, ISSUED, None]
-            entries.append(e)
         return e
 
     def find(self, seq):
