@@ -578,3 +578,18 @@ def _any_source(rank, world, n):
 def test_receive_from_any_source(env, n):
     out = run_ranks(3, _any_source, n, env=env, timeout=60)
     assert out[0] == [1, 2]
+
+
+def test_point_to_point_has_its_own_single_copy_threshold():
+    from accord.options import Options
+    assert Options.from_env({}).shm_cma_min == 1 << 20
+    assert Options.from_env({}).shm_p2p_cma_min == 16 << 20
+    # ACCORD_SHM_CMA alone sets both; ACCORD_SHM_P2P_CMA only point-to-point's
+    both = Options.from_env({"ACCORD_SHM_CMA": "4K"})
+    assert (both.shm_cma_min, both.shm_p2p_cma_min) == (4 << 10, 4 << 10)
+    off = Options.from_env({"ACCORD_SHM_CMA": "0"})
+    assert (off.shm_cma_min, off.shm_p2p_cma_min) == (0, 0)
+    own = Options.from_env({"ACCORD_SHM_CMA": "4K", "ACCORD_SHM_P2P_CMA": "2M"})
+    assert (own.shm_cma_min, own.shm_p2p_cma_min) == (4 << 10, 2 << 20)
+    with pytest.raises(ValueError, match="ACCORD_SHM_P2P_CMA must be a byte count"):
+        Options.from_env({"ACCORD_SHM_P2P_CMA": "lots"})

@@ -51,7 +51,8 @@ def build_transport(store, prefix, rank, size, describe_rank, options, addr, dea
                 try:
                     return connect_shm(store, prefix, rank, size, describe_rank, deadline,
                                        arena_bytes=options.shm_arena,
-                                       cma_min=options.shm_cma_min)
+                                       cma_min=options.shm_cma_min,
+                                       p2p_cma_min=options.shm_p2p_cma_min)
                 except ShmUnavailable:
                     # every member raises it together, so all fall back to TCP together
                     if mode == "shm":

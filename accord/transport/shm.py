@@ -113,7 +113,8 @@ def arena_layout(size, arena_bytes):
 
     Each ordered pair has two rings: one for collectives (`cap` bytes) and one
     for point-to-point messages (p2p_cap(cap), a quarter of it: tagged messages
-    of a MiB or more go single-copy, and smaller ones rarely stream)."""
+    larger than it stream through it in pieces while both sides copy, and those of
+    the single-copy threshold up, 16 MiB by default, go single-copy)."""
     nchan = size * (size - 1)
     fixed = _PAGE + size * _RANK_BLOCK + 2 * nchan * _PAGE
     per = max(0, arena_bytes - fixed) // max(1, nchan)
@@ -1190,8 +1191,11 @@ def _attach(path):
 
 
 def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=64 << 20,
-                cma_min=1 << 20):
+                cma_min=1 << 20, p2p_cma_min=None):
     """Create (group rank 0) or attach the group's arena; return a ShmTransport.
+
+    cma_min: the smallest collective message sent single-copy (0: none);
+    p2p_cma_min: the same for point-to-point messages (None: cma_min).
 
     The arena takes at most arena_bytes, and at most a quarter of the free
     space in /dev/shm. Raises ShmUnavailable (an OSError) on every member
@@ -1241,7 +1245,8 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
     try:
         arena = Arena(mm, cap)
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
-        t.p2p = ShmTransport(rank, size, arena, describe_rank, cma_min, plane=1)
+        t.p2p = ShmTransport(rank, size, arena, describe_rank,
+                             cma_min if p2p_cma_min is None else p2p_cma_min, plane=1)
         t.arena_path = path                                 # for tests and messages
         me = t.rank_offset(rank)
         arena.q[(me + _R_PID) // 8] = os.getpid()

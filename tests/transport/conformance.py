@@ -223,7 +223,7 @@ def post(engine, is_send, peer, buf, tag, timeout=20.0):
     op = Pending(is_send, peer, memoryview(buf).cast("B"), tag, timeout,
                  f"{'send' if is_send else 'recv'} tag {tag}")
     engine.post([op])
-    return op.future
+    return op          # its own future (result, exception)
 
 
 def check_tagged(maker):
