@@ -114,15 +114,17 @@ class TaggedPlane(Protocol):
     thread, or a caller progressing inline while the engine is idle)."""
     spin_s: float       # how long a blocking caller may move the links itself first
     spin_ack_s: float   # ... when its send waits for the peer to copy it out (single copy)
+    wait_now_max: int   # the largest message take_now(wait_s) waits for (-1: none)
 
     def tagged_send(self, peer: int, view: memoryview, tag: int):
         """Queue (or write at once) a tagged message; the record's `done` turns
         true once the bytes are out of view (delivered, or where the peer finds them)."""
 
-    def take_now(self, peer: int, view: memoryview, tag: int) -> bool:
+    def take_now(self, peer: int, view: memoryview, tag: int, wait_s: float = 0.0) -> bool:
         """A receive from peer with tag into view, done at once if its message is
         the next one on the link and already all there (nothing posted or stashed
-        before it); False changes nothing (a medium may always say False)."""
+        before it); False changes nothing (a medium may always say False). wait_s:
+        a medium that can watch the link cheaply may wait that long for it."""
 
     def awaits_copy(self, record) -> bool:
         """Whether a send completes only once the peer has copied it out of this

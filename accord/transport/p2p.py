@@ -160,12 +160,14 @@ class Engine:
             link = t.links[peer]
             if is_send:
                 rec = t.tagged_send(peer, view, tag)
-            elif t.take_now(peer, view, tag):
+            elif t.take_now(peer, view, tag, spin_s):
                 return _TAKEN, None
             else:
                 rec = Recv(peer, view, tag=tag)
                 if not (link.stash and link.take_stashed(rec)):
                     link.posted.append(rec)
+                if len(view) <= t.wait_now_max:
+                    spin_s = 0.0             # take_now spun for it already
             if not rec.done:
                 # a single-copy send completes when the peer has copied it out: with a
                 # core each, spin through that copy (yielding) rather than sleep

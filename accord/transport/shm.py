@@ -547,6 +547,7 @@ class ShmTransport(Reports):
         self._yields = 0 if size <= ncpu else YIELDS
         self.spin_s = self._spin_s if plane else 0.0     # transport/p2p.py's callers
         self.spin_ack_s = self._spin_ack_s if plane else 0.0
+        self.wait_now_max = _INLINE if self.spin_s else -1     # take_now(wait_s) spins
         self._last_check = time.monotonic()
         self.cma_everywhere = False              # set by read_cma_flags
         self._peer_memory = None
@@ -872,10 +873,24 @@ class ShmTransport(Reports):
         """A single-copy send (its record carries an ack number) waits for the peer."""
         return bool(record.seq)
 
-    def take_now(self, peer, view, tag):
+    def take_now(self, peer, view, tag, wait_s=0.0):
         """A receive of view from peer with tag, satisfied straight off the ring if the
-        message is there, next and small; False changes nothing."""
-        return self.links[peer].take_tagged(view, tag)
+        message is there, next and small; False changes nothing.
+
+        wait_s: spin up to this long on the ring's head for the message to be all
+        there (a ping-pong's reply is on its way): one word read per turn, where the
+        general path would route every byte that comes in."""
+        link = self.links[peer]
+        if link.take_tagged(view, tag):
+            return True
+        n = len(view)
+        if not wait_s or n > _INLINE:
+            return False
+        q, i, want = self.q, link.i_head_i, link.i_tail + HEADER_SIZE + n
+        end = time.perf_counter() + wait_s
+        while q[i] < want and time.perf_counter() < end:
+            pass
+        return link.take_tagged(view, tag)
 
     def withdraw_send(self, s):
         """Take back a send no byte of which is in the ring yet; False if under way."""

@@ -243,6 +243,7 @@ class TcpTransport(Reports):
     peer_memory = None          # no single copy between hosts
     spin_s = 0.0                # a p2p caller never spins on sockets (transport/p2p.py)
     spin_ack_s = 0.0
+    wait_now_max = -1           # take_now never waits
     hosts = None                # each member's host, when the group spans several
 
     def __init__(self, rank, size, socks, describe_rank):
@@ -362,8 +363,8 @@ class TcpTransport(Reports):
         """A socket send is done once written: False."""
         return False
 
-    def take_now(self, peer, view, tag):
-        """Over a socket nothing is read but by step_link: False."""
+    def take_now(self, peer, view, tag, wait_s=0.0):
+        """Over a socket nothing is read but by step_link: False (at once)."""
         return False
 
     def withdraw_send(self, s):

@@ -273,6 +273,35 @@ def check_tagged_peer_lost(maker):
         maker.close([planes[0], planes[2]])
 
 
+def check_take_now(maker):
+    """take_now takes the next small tagged message off the link at once (shared
+    memory) or says False (a medium may always); with nothing there it gives up
+    after wait_s, and a False leaves the link as it was (a message of another tag
+    stays for its own receive)."""
+    planes = maker.make(2)
+    a, b = planes[0][1], planes[1][1]
+    try:
+        got = np.zeros(16, np.uint8)
+        assert b.take_now(0, memoryview(got), 4, 0.02) is False
+        other, want = payload(16, 5), payload(16, 4)
+        for tag, data in ((5, other), (4, want)):
+            rec = a.tagged_send(1, memoryview(data), tag)
+            end = time.monotonic() + 10
+            while not rec.done and time.monotonic() < end:
+                a.step_link(a.links[1])
+            assert rec.done
+        assert b.take_now(0, memoryview(got), 4, 0.02) is False     # tag 5 comes first
+        if b.medium == "shared memory":
+            assert b.take_now(0, memoryview(got), 5, 0.02) is True
+            assert np.array_equal(got, other)
+            assert b.take_now(0, memoryview(got), 4, 0.02) is True
+            assert np.array_equal(got, want)
+        else:
+            assert b.take_now(0, memoryview(got), 5, 0.02) is False
+    finally:
+        maker.close(planes)
+
+
 CHECKS = [check_fifo, check_both_ways_full, check_stamps, check_deadline, check_interrupt,
           check_abort, check_goodbye, check_closed, check_os_errors, check_tagged,
-          check_tagged_peer_lost]
+          check_tagged_peer_lost, check_take_now]
