@@ -98,7 +98,7 @@ def fuzz_frames(data):
                 op = Pending(False, 1, dest, mode >> 4, 2.0, "recv")
                 engine.post([op])
                 try:
-                    op.future.result(10)
+                    op.result(10)
                 finally:
                     engine.close()
         except AccordError:

@@ -33,7 +33,7 @@ def _recv_tagged(t, peer, dest, tag, timeout):
     op = Pending(False, peer, dest, tag, timeout, "recv")
     engine.post([op])
     try:
-        return op.future.result(timeout + 5)
+        return op.result(timeout + 5)
     finally:
         engine.close()
 
