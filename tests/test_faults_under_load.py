@@ -93,3 +93,13 @@ def test_blame_follows_who_waited_on_whom():
              " last completed ...\n")
     assert soak.waited_on(table, 0) == 2 and soak.waited_on(table, 1) == 0
     assert soak.waited_on("rank 1: all_to_all #5: Timed out waiting for data from rank 0", 3) == 1
+    # the soak's ring of isend/irecv: a point-to-point timeout names the peer (as
+    # transport/p2p.py words it)
+    irecv = ("rank 2: irecv from rank 1 (tag 7, 64 bytes, group 'default'): Timed out after "
+             "4 s: no message with tag 7 arrived from rank 1 (is it sending to this rank "
+             "with the same tag and group?)")
+    assert soak.waited_on(irecv, 2) == 1
+    isend = ("rank 2: isend to rank 3 (tag 7, 64 bytes, group 'default'): Timed out after 4 s: "
+             "rank 3 did not take the message (is it receiving from this rank with the same "
+             "tag and group?)")
+    assert soak.waited_on(isend, 2) == 3
