@@ -182,6 +182,8 @@ class Options:
         if debug not in _DEBUG_LEVELS:
             raise ValueError(f"ACCORD_DEBUG must be one of {', '.join(_DEBUG_LEVELS)}, "
                              f"got {debug!r}")
+        # ACCORD_SHM_CMA (None: unset) is also point-to-point's threshold where that has none
+        cma = _parse_bytes(env.get("ACCORD_SHM_CMA", ""), "ACCORD_SHM_CMA", None)
         return cls(
             timeout=to_seconds(float(timeout), "ACCORD_TIMEOUT") if timeout else DEFAULT_TIMEOUT,
             transport=transport,
@@ -194,10 +196,9 @@ class Options:
                                                  "ACCORD_LAUNCHER_STORE"),
             store_token=env.get("ACCORD_STORE_TOKEN", "").strip(),
             shm_arena=_parse_bytes(env.get("ACCORD_SHM_ARENA", ""), "ACCORD_SHM_ARENA", 64 << 20),
-            shm_cma_min=_parse_bytes(env.get("ACCORD_SHM_CMA", ""), "ACCORD_SHM_CMA", 1 << 20),
-            shm_p2p_cma_min=_parse_bytes(
-                env.get("ACCORD_SHM_P2P_CMA", ""), "ACCORD_SHM_P2P_CMA",
-                _parse_bytes(env.get("ACCORD_SHM_CMA", ""), "ACCORD_SHM_CMA", 16 << 20)),
+            shm_cma_min=1 << 20 if cma is None else cma,
+            shm_p2p_cma_min=_parse_bytes(env.get("ACCORD_SHM_P2P_CMA", ""),
+                                         "ACCORD_SHM_P2P_CMA", 16 << 20 if cma is None else cma),
             socket_ifname=_parse_ifname(env.get("ACCORD_SOCKET_IFNAME", "")),
             restart_count=_parse_count(env.get("ACCORD_RESTART_COUNT", ""),
                                        "ACCORD_RESTART_COUNT"),
