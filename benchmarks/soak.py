@@ -261,6 +261,9 @@ def _fault(kind, rank, world, stop_s):
         # when every rank has written its mark (the soak goes on meanwhile)
         with open(os.path.join(os.environ["SOAK_MARKS"], f"rank{rank}"), "w") as f:
             f.write(str(time.time()))
+        # a rank still running well after every timeout shows where it is stuck
+        import faulthandler
+        faulthandler.dump_traceback_later(accord.world.default_group().timeout + 20)
 
 
 def soak(duration, max_bytes=16 << 20, seed=1234, sample_s=5.0, fault=None, fault_at=None,
@@ -473,7 +476,7 @@ def _problems(report, output):
     if report["processes_left"]:
         problems.append(f"processes left: {report['processes_left']}")
     if problems:
-        problems.append("job output:\n" + output[-3000:])
+        problems.append("job output:\n" + output[-12000:])
     return problems
 
 
@@ -597,7 +600,7 @@ def run_partition(timeout=5.0, workdir=None):
     if report["processes_left"]:
         problems.append(f"processes left: {report['processes_left']}")
     if problems:
-        problems.append("job output:\n" + output[-3000:])
+        problems.append("job output:\n" + output[-12000:])
     report["problems"] = problems
     return report
 
