@@ -26,27 +26,19 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT = 150          # one `accord run` (seconds; 5-15 s here on 2 busy cores)
-pytestmark = pytest.mark.timeout(3 * RUN_TIMEOUT + 60)   # two runs per test, a gloo retry, slack
+pytestmark = pytest.mark.timeout(2 * RUN_TIMEOUT + 60)   # two runs per test, slack
 
 
 # torch 2.13's gloo process group sometimes aborts at interpreter exit on a busy machine
 # (a joinable std::thread destroyed: "terminate called without an active exception"), after
-# the example printed its result: seen once in a full suite, never alone. The gloo run is
-# only the reference, so such an exit is retried once; accord's runs are never retried.
+# the example printed its result: seen in full suites (twice in a row once), never alone.
+# The gloo run is only the reference: such an exit still gives its result line, as long as
+# nothing else went wrong; accord's runs must exit cleanly.
 GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
 def run_example(name, backend, *args):
     """`accord run -n 2 examples/NAME.py --backend BACKEND ARGS`: (result line, output)."""
-    try:
-        return _run_example(name, backend, *args)
-    except AssertionError as e:
-        if backend != "gloo" or GLOO_EXIT_ABORT not in str(e):
-            raise
-        return _run_example(name, backend, *args)
-
-
-def _run_example(name, backend, *args):
     env = dict(os.environ)
     # the launcher and its ranks import this checkout's accord, installed or not
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -57,7 +49,9 @@ def _run_example(name, backend, *args):
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=RUN_TIMEOUT)
     out = proc.stdout
-    assert proc.returncode == 0, out
+    gloo_exit_abort = (backend == "gloo" and proc.returncode != 0 and GLOO_EXIT_ABORT in out
+                       and "was killed by SIGABRT" in out)
+    assert proc.returncode == 0 or gloo_exit_abort, out
     assert "Traceback" not in out, out
     assert f"on {backend!r}" in out, out        # the example says which backend it ran on
     results = [line for line in out.splitlines() if line.startswith("[rank 0] result: ")]
