@@ -38,7 +38,7 @@ import threading
 
 import numpy as np
 
-from . import api, objects, plans
+from . import api, flat_state, objects, plans
 from .args import root_rank
 from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
 from .algorithms.table import choose
@@ -170,17 +170,42 @@ def _digest(sig):
     return d
 
 
-def _agree(g, root, sig, leaves, timeout):
-    """Raise StateMismatch on every rank unless every rank's structure equals root's."""
-    errors = [l.error for l in leaves if l.error]
-    row = np.zeros(17, np.uint8)
-    row[1:] = np.frombuffer(_digest(sig), np.uint8)
-    row[0] = 1 if errors else 0
-    table = np.zeros(17 * g.size, np.uint8)
-    api.all_gather_into_tensor(table, row, group=g, timeout=timeout)
-    table = table.reshape(g.size, 17)
+_U1 = np.dtype(np.uint8)
+_ROW = 17                # a rank's word in the agreement: error flag, structure digest
+
+
+def _agree(g, root, digest, failed, timeout, explain):
+    """Raise StateMismatch on every rank unless every rank's structure equals root's.
+
+    digest: this rank's structure digest; failed: a leaf of this rank cannot be sent;
+    explain() -> (signature, leaf errors), called only on a mismatch, to say where.
+    One all_gather of 17 bytes a rank, made from its parts rather than through the
+    api (whose argument checks cost more than the exchange at world 2)."""
+    row = np.empty(_ROW, np.uint8)
+    row[0] = 1 if failed else 0
+    row[1:] = np.frombuffer(digest, np.uint8)
+    table = np.empty(_ROW * g.size, np.uint8)
+    if g.hier is not None:
+        api.all_gather_into_tensor(table, row, group=g, timeout=timeout)
+    else:
+        blocks = [table[i * _ROW:(i + 1) * _ROW] for i in range(g.size)]
+        total = table.nbytes
+        forced = g.options.algorithms
+
+        def own():
+            blocks[g.rank][:] = row
+
+        def body(c):
+            if c is None:
+                own()
+            else:
+                choose("all_gather", total, c, forced)(c, blocks, row, own)
+        plans.run(g, "all_gather", body, False, timeout,
+                  (-1, _U1.num, 0, total, "uint8", (_ROW,)))
+    table = table.reshape(g.size, _ROW)
     if not table[:, 0].any() and (table == table[root]).all():
         return
+    sig, errors = explain()
     everyone = [None] * g.size
     objects.all_gather_object(everyone, (sig, errors), group=g, timeout=timeout)
     src_rank = g.ranks[root]
@@ -253,13 +278,26 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
         return not_member(g, "broadcast_state")
     root = root_rank(g, src, group_src, "src")
     bucket_bytes = check_bucket_bytes(bucket_bytes)
+    is_root = g.rank == root
+    if type(obj) is dict and not async_op and g.size > 1:
+        # the same dict of the same tensors as last time (flat_state.py)
+        e, vals = flat_state.lookup(obj, bucket_bytes, is_root)
+        if e is not None:
+            _agree(g, root, e.digest, False, timeout,
+                   lambda: _explain(flatten(obj, writable=not is_root)))
+            for b in e.buckets:
+                _broadcast_flat(g, root, e, b, timeout)
+            return obj
     module = obj if _is_module(obj) else None
     tree = module.state_dict() if module is not None else obj
-    leaves, sig = flatten(tree, writable=g.rank != root)
+    leaves, sig = flatten(tree, writable=not is_root)
     if g.size == 1:
         return completed_work("broadcast_state") if async_op else obj
-    _agree(g, root, sig, leaves, timeout)
-    is_root = g.rank == root
+    digest = _digest(sig)
+    _agree(g, root, digest, any(l.error for l in leaves), timeout,
+           lambda: _explain((leaves, sig)))
+    if module is None:
+        flat_state.remember(obj, bucket_bytes, is_root, leaves, digest, SMALL_BYTES, _cuts)
 
     others = [l for l in leaves if l.view is None]
     if others:
@@ -279,6 +317,30 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     if async_op:
         return _when_all(works, "broadcast_state")
     return obj
+
+
+def _explain(flattened):
+    leaves, sig = flattened
+    return sig, [l.error for l in leaves if l.error]
+
+
+def _broadcast_flat(g, root, e, bucket, timeout):
+    """broadcast_bucket for a flat_state entry: the same collective, moved by address."""
+    is_root = g.rank == root
+    pieces = flat_state.pieces(e, bucket)
+    unpack = bucket.small and not is_root
+    if bucket.small and is_root:
+        flat_state.pack(e, bucket)
+    total = bucket.total
+    forced = g.options.algorithms
+
+    def body(c):
+        if c is not None:
+            choose("broadcast_list", total, c, forced)(c, pieces, root)
+        if unpack:
+            flat_state.unpack(e, bucket)
+    return plans.run(g, "broadcast", body, False, timeout,
+                     (root, bucket.code, 0, total, bucket.name, None))
 
 
 SMALL_BYTES = 64 << 10     # tensors below this are packed; larger ones move in place
@@ -339,12 +401,19 @@ def _stage(view, is_root):
 
 def _pieces(flat):
     """flat in pieces of about PIECE_BYTES, without a small tail piece."""
-    per = max(1, PIECE_BYTES // flat.itemsize)
-    cuts = list(range(0, flat.size, per))
-    if len(cuts) > 1 and flat.size - cuts[-1] < per // 2:
+    size = flat.itemsize
+    return [flat[a // size:b // size] for a, b in _cuts(flat.nbytes, size)]
+
+
+def _cuts(nbytes, itemsize):
+    """(start, end) byte ranges of _pieces: whole elements, about PIECE_BYTES each."""
+    per = max(1, PIECE_BYTES // itemsize)
+    n = nbytes // itemsize
+    cuts = list(range(0, n, per))
+    if len(cuts) > 1 and n - cuts[-1] < per // 2:
         cuts.pop()
-    cuts.append(flat.size)
-    return [flat[a:b] for a, b in zip(cuts, cuts[1:])]
+    cuts.append(n)
+    return [(a * itemsize, b * itemsize) for a, b in zip(cuts, cuts[1:])]
 
 
 def _when_all(works, desc):

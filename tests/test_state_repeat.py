@@ -1,0 +1,176 @@
+"""broadcast_state called again on the same dict: what it learnt the first time (its
+fast path, accord/flat_state.py) must never outlive a change to the dict or its tensors."""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+from tests.harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _state(rank, n=12, dtype=np.float32):
+    # sizes from 3 elements to 40000 (160 KiB): packed ones and ones sent in place
+    return {f"p{i}": np.full(int(3 * 1.9 ** i), -1.0, dtype) for i in range(n)}
+
+
+def _fill(state, step):
+    for i, (k, v) in enumerate(state.items()):
+        v[...] = np.arange(v.size).reshape(v.shape) * 0.5 + 100 * step + i
+
+
+def _check(state, step):
+    want = {k: np.empty_like(v) for k, v in state.items()}
+    _fill(want, step)
+    for k, v in state.items():
+        np.testing.assert_array_equal(v, want[k], err_msg=f"{k} at step {step}")
+
+
+def _entries():
+    from accord import flat_state
+    return len(flat_state._ENTRIES)
+
+
+def _repeat(rank, world):
+    import accord
+    state = _state(rank)
+    took = []
+    for step in range(6):
+        if rank == 0:
+            _fill(state, step)
+        before = _entries()
+        accord.broadcast_state(state, src=0)
+        took.append(_entries() - before)
+        _check(state, step)
+    return took
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_repeated_calls_move_the_new_bytes_every_time(world):
+    # the first call remembers the dict (one entry), later ones use it (none added)
+    assert run_ranks(world, _repeat) == [[1, 0, 0, 0, 0, 0]] * world
+
+
+def _changes(rank, world):
+    """Each step changes the dict or a tensor on some rank in a way the remembered
+    layout does not describe; every rank must still end with the root's values."""
+    import accord
+    state = _state(rank)
+    for step, change in enumerate(["none", "new_object", "reshape_in_place", "new_key_both",
+                                   "swap_same_size", "none", "resized_storage"]):
+        if change == "new_object" and rank == world - 1:
+            state["p4"] = np.zeros_like(state["p4"])        # same shape, another array
+        if change == "reshape_in_place":
+            state["p5"].shape = (state["p5"].size, 1)       # every rank alike
+        if change == "new_key_both":
+            state["q"] = np.full(7, -1.0, np.float32)
+        if change == "swap_same_size" and rank == 0:
+            state["p1"], state["p2"] = state["p2"], state["p1"]
+            state["p1"], state["p2"] = state["p2"], state["p1"]    # back: same objects
+        if change == "resized_storage" and rank == 1:
+            # a new array of the old size: the old memory may be gone
+            state["p3"] = np.full(state["p3"].shape, -1.0, np.float32)
+            gc.collect()
+        if rank == 0:
+            _fill(state, step)
+        accord.broadcast_state(state, src=0)
+        _check(state, step)
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_changed_dict_or_tensor_takes_the_general_path_and_stays_right(world):
+    assert run_ranks(world, _changes) == ["ok"] * world
+
+
+def _mismatch_after_repeat(rank, world):
+    import accord
+    from accord.state import StateMismatch
+    state = _state(rank, n=6)
+    accord.broadcast_state(state, src=0)
+    accord.broadcast_state(state, src=0)          # remembered and used on every rank
+    if rank == 1:
+        state["p2"] = np.zeros(state["p2"].size + 1, np.float32)
+    try:
+        accord.broadcast_state(state, src=0)      # rank 0 and 2 take the fast path
+    except StateMismatch as e:
+        msg = str(e)
+    else:
+        msg = None
+    t = np.full(1, rank, np.int64)
+    accord.broadcast(t, src=0)                    # the group is still usable
+    assert t[0] == 0
+    return msg
+
+
+def test_a_mismatch_is_named_when_the_root_takes_the_fast_path():
+    msgs = run_ranks(3, _mismatch_after_repeat, timeout=30)
+    for m in msgs:
+        assert m is not None and "['p2']: rank 1 has a float32 tensor of shape [11]" in m, m
+
+
+def _readonly_later(rank, world):
+    import accord
+    state = _state(rank, n=4)
+    accord.broadcast_state(state, src=0)
+    accord.broadcast_state(state, src=0)
+    if rank == 1:
+        state["p1"].flags.writeable = False
+    try:
+        accord.broadcast_state(state, src=0)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_an_array_made_read_only_after_a_sync_is_refused_not_written():
+    msgs = run_ranks(2, _readonly_later, timeout=30)
+    assert all(m is not None and "rank 1: ['p1']: array is read-only" in m for m in msgs), msgs
+
+
+def _torch_repeat(rank, world):
+    import torch
+
+    import accord
+    g = torch.Generator().manual_seed(5)
+    sd = {"w": torch.zeros(300, 7), "b": torch.zeros(7, dtype=torch.bfloat16),
+          "big": torch.zeros(70_000), "n": torch.zeros(3, dtype=torch.int64)}
+    out = []
+    for step in range(4):
+        if rank == 0:
+            for t in sd.values():
+                t.copy_(torch.randn(t.shape, generator=g).to(t.dtype) * (step + 1))
+        if step == 2 and rank == 1:
+            sd["w"].data = torch.zeros(300, 7)       # new storage under the same tensor
+        if step == 3 and rank == 1:
+            sd["big"].resize_(70_000)                # same size: storage may stay
+        accord.broadcast_state(sd, src=0)
+        out.append({k: v.float().numpy().copy() for k, v in sd.items()})
+    return out
+
+
+def test_torch_state_dict_synced_again_and_again():
+    pytest.importorskip("torch")
+    res = run_ranks(2, _torch_repeat)
+    for step in range(4):
+        for k in res[0][step]:
+            np.testing.assert_array_equal(res[1][step][k], res[0][step][k],
+                                          err_msg=f"{k} at step {step}")
+    assert res[0][0]["w"].any() and res[0][3]["big"].any()
+
+
+def _no_memory_kept(rank, world):
+    import accord
+    state = _state(rank, n=5)
+    probe = weakref.ref(state["p4"])
+    accord.broadcast_state(state, src=0)
+    accord.broadcast_state(state, src=0)
+    del state
+    gc.collect()
+    return probe() is None
+
+
+def test_a_remembered_dict_keeps_none_of_its_arrays_alive():
+    assert run_ranks(2, _no_memory_kept) == [True, True]
