@@ -11,11 +11,15 @@ the same dict object checks, tensor by tensor, that each one is still the same
 object with the same address and metadata (resize_, set_, `.data =`, an
 in-place reshape or a new key all fail the check and take the general path),
 then moves the bytes by address: small tensors are packed into (and unpacked
-from) a buffer kept with the entry by ctypes.memmove, large ones travel from and
-into the tensors' memory.
+from) a buffer kept with the entry, large ones travel from and into the
+tensors' memory. The views it copies through are slices of one memoryview
+spanning the address space (`_window`): slicing it costs 0.1 µs where a ctypes
+object per view costs 0.4-2.5 µs, and copying through slices half of what
+ctypes.memmove's call costs.
 
-The entry keeps no user memory alive: weak references for the tensors, plain
-integers for their addresses, and the packed buffers are its own. It is used
+The entry keeps no user memory alive: weak references for the tensors, views
+of the window (which owns nothing) for their memory, and the packed buffers
+are its own. It is used
 only while every tensor it names is alive and unchanged, and the tensors are
 held by the call for its duration. The wire layout (buckets, pieces, stamps)
 is the one the general path makes from the same structure, so ranks may take
@@ -35,8 +39,19 @@ from .buffers import BF16_CODE, is_torch_tensor
 
 _ENTRIES = {}            # (id(dict), bucket bytes, is_root) -> _Entry
 _ENTRIES_MAX = 8
-_memmove = ctypes.memmove
 _is = operator.is_
+_SPAN = 1 << 62
+_WINDOW = None
+
+
+def _window():
+    """A writable uint8 memoryview whose index is the address: window[a:a + n] is the n
+    bytes at address a. It owns no memory; only addresses of live, checked tensors and
+    of this module's own buffers are sliced out of it."""
+    global _WINDOW
+    if _WINDOW is None:
+        _WINDOW = memoryview((ctypes.c_char * _SPAN).from_address(0)).cast("B")
+    return _WINDOW
 
 
 def _meta(v):
@@ -54,28 +69,20 @@ def _address(v):
     return v.data_ptr()
 
 
-def _bytes_at(addr, n):
-    """A writable uint8 memoryview of n bytes at addr (no owner: the caller holds it)."""
-    return memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
-
-
 class _Bucket:
     """One broadcast collective of the layout: packed small tensors, then large ones."""
-    __slots__ = ("code", "name", "total", "packed", "packed_base", "small", "packed_cuts",
-                 "large")
+    __slots__ = ("code", "name", "total", "packed", "small", "pieces")
 
     def __init__(self, code, name):
         self.code, self.name = code, name
         self.total = 0
         self.packed = None          # our own array holding the small tensors, back to back
-        self.packed_base = 0
-        self.small = []             # (leaf index, offset in packed, bytes)
-        self.packed_cuts = []       # (start, end) byte ranges of the packed array's pieces
-        self.large = []             # (leaf index, [(start, end) byte ranges of its pieces])
+        self.small = []             # (slice of packed, tensor's memory) byte views
+        self.pieces = []            # byte views: the packed array's pieces, the large ones'
 
 
 class _Entry:
-    __slots__ = ("keys", "refs", "metas", "addrs", "digest", "buckets")
+    __slots__ = ("keys", "refs", "metas", "digest", "buckets")
 
     def valid_for(self, tree, vals):
         """Whether tree still holds exactly the tensors this entry describes."""
@@ -126,7 +133,10 @@ def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of
     except TypeError:
         return None
     e.metas = [_meta(v) for v in vals]
-    e.addrs = [_address(v) for v in vals]
+    addrs = [_address(v) for v in vals]
+    if any(a + v.nbytes > _SPAN for a, v in zip(addrs, vals)):
+        return None
+    w = _window()
     e.digest = digest
     e.buckets = []
     by_view = {id(leaf.view): i for leaf, i in zip(leaves, index)}
@@ -135,19 +145,24 @@ def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of
         itemsize = b.views[0].itemsize
         name = "bfloat16" if b.code == BF16_CODE else b.views[0].dtype.name
         out = _Bucket(b.code, name)
-        packed = 0
+        small, large = [], []
         for v in b.views:
-            i = by_view[id(v)]
-            if v.nbytes < small_bytes:
-                out.small.append((i, packed, v.nbytes))
-                packed += v.nbytes
+            a, n = addrs[by_view[id(v)]], v.nbytes
+            if n < small_bytes:
+                small.append((a, n))
             else:
-                out.large.append((i, pieces_of(v.nbytes, itemsize)))
-        if out.small:
+                large.extend(w[a + lo:a + hi] for lo, hi in pieces_of(n, itemsize))
+        if small:
+            packed = sum(n for _, n in small)
             out.packed = np.empty(packed // itemsize,
                                   np.int16 if b.code == BF16_CODE else b.views[0].dtype)
-            out.packed_base = out.packed.__array_interface__["data"][0]
-            out.packed_cuts = pieces_of(packed, itemsize)
+            pv = memoryview(out.packed).cast("B")
+            off = 0
+            for a, n in small:
+                out.small.append((pv[off:off + n], w[a:a + n]))
+                off += n
+            out.pieces = [pv[lo:hi] for lo, hi in pieces_of(packed, itemsize)]
+        out.pieces += large
         out.total = b.nbytes
         e.buckets.append(out)
     if len(_ENTRIES) >= _ENTRIES_MAX:
@@ -156,30 +171,16 @@ def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of
     return e
 
 
-def pieces(e, bucket):
-    """The bucket's pieces as memoryviews, in the general path's order: the packed
-    array's, then each large tensor's, by address."""
-    out = []
-    if bucket.small:
-        mv = memoryview(bucket.packed).cast("B")
-        out.extend(mv[a:b] for a, b in bucket.packed_cuts)
-    addrs = e.addrs
-    for i, cuts in bucket.large:
-        base = addrs[i]
-        out.extend(_bytes_at(base + a, b - a) for a, b in cuts)
-    return out
+def pack(bucket):
+    """Copy the bucket's small tensors into its packed array (the root, before sending)."""
+    for mine, theirs in bucket.small:
+        mine[:] = theirs
 
 
-def pack(e, bucket):
-    base, addrs, mm = bucket.packed_base, e.addrs, _memmove
-    for i, off, n in bucket.small:
-        mm(base + off, addrs[i], n)
-
-
-def unpack(e, bucket):
-    base, addrs, mm = bucket.packed_base, e.addrs, _memmove
-    for i, off, n in bucket.small:
-        mm(addrs[i], base + off, n)
+def unpack(bucket):
+    """Copy the packed array out into the small tensors (a receiver, after receiving)."""
+    for mine, theirs in bucket.small:
+        theirs[:] = mine
 
 
 def forget():

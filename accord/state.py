@@ -181,15 +181,16 @@ def _agree(g, root, digest, failed, timeout, explain):
     explain() -> (signature, leaf errors), called only on a mismatch, to say where.
     One all_gather of 17 bytes a rank, made from its parts rather than through the
     api (whose argument checks cost more than the exchange at world 2)."""
-    row = np.empty(_ROW, np.uint8)
-    row[0] = 1 if failed else 0
-    row[1:] = np.frombuffer(digest, np.uint8)
-    table = np.empty(_ROW * g.size, np.uint8)
+    row = (b"\x01" if failed else b"\x00") + digest
+    table = bytearray(_ROW * g.size)
     if g.hier is not None:
-        api.all_gather_into_tensor(table, row, group=g, timeout=timeout)
+        out = np.frombuffer(table, np.uint8)
+        api.all_gather_into_tensor(out, np.frombuffer(row, np.uint8), group=g,
+                                   timeout=timeout)
     else:
-        blocks = [table[i * _ROW:(i + 1) * _ROW] for i in range(g.size)]
-        total = table.nbytes
+        mv = memoryview(table)
+        blocks = [mv[i * _ROW:(i + 1) * _ROW] for i in range(g.size)]
+        total = len(table)
         forced = g.options.algorithms
 
         def own():
@@ -202,8 +203,8 @@ def _agree(g, root, digest, failed, timeout, explain):
                 choose("all_gather", total, c, forced)(c, blocks, row, own)
         plans.run(g, "all_gather", body, False, timeout,
                   (-1, _U1.num, 0, total, "uint8", (_ROW,)))
-    table = table.reshape(g.size, _ROW)
-    if not table[:, 0].any() and (table == table[root]).all():
+    theirs = bytes(table[root * _ROW:(root + 1) * _ROW])
+    if theirs[0] == 0 and table == theirs * g.size:
         return
     sig, errors = explain()
     everyone = [None] * g.size
@@ -286,7 +287,7 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
             _agree(g, root, e.digest, False, timeout,
                    lambda: _explain(flatten(obj, writable=not is_root)))
             for b in e.buckets:
-                _broadcast_flat(g, root, e, b, timeout)
+                _broadcast_flat(g, root, b, timeout)
             return obj
     module = obj if _is_module(obj) else None
     tree = module.state_dict() if module is not None else obj
@@ -324,13 +325,13 @@ def _explain(flattened):
     return sig, [l.error for l in leaves if l.error]
 
 
-def _broadcast_flat(g, root, e, bucket, timeout):
+def _broadcast_flat(g, root, bucket, timeout):
     """broadcast_bucket for a flat_state entry: the same collective, moved by address."""
     is_root = g.rank == root
-    pieces = flat_state.pieces(e, bucket)
+    pieces = bucket.pieces
     unpack = bucket.small and not is_root
     if bucket.small and is_root:
-        flat_state.pack(e, bucket)
+        flat_state.pack(bucket)
     total = bucket.total
     forced = g.options.algorithms
 
@@ -338,7 +339,7 @@ def _broadcast_flat(g, root, e, bucket, timeout):
         if c is not None:
             choose("broadcast_list", total, c, forced)(c, pieces, root)
         if unpack:
-            flat_state.unpack(e, bucket)
+            flat_state.unpack(bucket)
     return plans.run(g, "broadcast", body, False, timeout,
                      (root, bucket.code, 0, total, bucket.name, None))
 

@@ -11,7 +11,7 @@ about 10 MiB (sizes from 0.5 KiB to 128 KiB: where per-call costs dominate):
 - the same loop inside `with accord.coalescing():`
 - for t in sd.values(): torch.distributed.broadcast(t)   (torch's gloo backend)
 
-All four run in the same processes, interleaved, each timed `--repeat` times
+All four run in the same processes, interleaved (each round starting one method later), each timed `--repeat` times
 after two warm-up rounds; a round's time is the slowest rank's (barrier
 before, max over ranks after); the table shows the median. Each world size is
 one `accord run -n N` of this file with --worker.
@@ -130,7 +130,9 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
     import numpy as np
     slowest = np.zeros(1)
     for it in range(repeat + 2):
-        for name, fn in methods:
+        # each round starts one method later: whichever follows gloo's loop meets gloo's
+        # threads still winding down (half a millisecond here), and none should always
+        for name, fn in methods[it % len(methods):] + methods[:it % len(methods)]:
             reset()
             accord.barrier()
             t0 = time.perf_counter()

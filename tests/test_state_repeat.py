@@ -174,3 +174,34 @@ def _no_memory_kept(rank, world):
 
 def test_a_remembered_dict_keeps_none_of_its_arrays_alive():
     assert run_ranks(2, _no_memory_kept) == [True, True]
+
+
+def _across_hosts(rank, world):
+    import os
+
+    import accord
+    from accord.state import StateMismatch
+    os.environ["ACCORD_HOST_ID"] = "ab"[rank // 2]        # two simulated hosts of two
+    accord.init_process_group()
+    assert accord.world.default_group().hier is not None
+    state = _state(rank, n=8)
+    for step in range(3):
+        if rank == 1:
+            _fill(state, step)
+        accord.broadcast_state(state, src=1)
+        _check(state, step)
+    if rank == 3:
+        state["p0"] = np.zeros(4, np.int32)
+    try:
+        accord.broadcast_state(state, src=1)
+    except StateMismatch as e:
+        return str(e)
+    finally:
+        accord.destroy_process_group()
+    return None
+
+
+def test_hierarchical_group_syncs_again_and_names_a_mismatch():
+    msgs = run_ranks(4, _across_hosts, init=False, timeout=60)
+    for m in msgs:
+        assert m is not None and "['p0']: rank 3 has a int32 tensor of shape [4]" in m, m
