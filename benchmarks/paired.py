@@ -39,8 +39,11 @@ def bench_once(tree, env_extra, args, csv_path):
     env = dict(os.environ, PYTHONPATH=tree, **env_extra)
     cmd = [sys.executable, "-m", "accord", "bench", "-n", str(args.world), "--ops", args.ops,
            "--sizes", args.sizes, "--no-barrier", "--csv", csv_path]
-    subprocess.run(cmd, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=args.timeout)
+    out = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
+    if out.returncode:
+        raise SystemExit(f"{' '.join(cmd)} (env {env_extra}) failed with exit status "
+                         f"{out.returncode}:\n{out.stdout[-4000:]}")
     with open(csv_path) as f:
         return {(r["op"], int(r["size_bytes"])): float(r["lat_us"])
                 for r in csv.DictReader(f) if r["lib"] == "accord"}

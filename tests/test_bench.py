@@ -81,6 +81,20 @@ def test_quick_accord(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_ops_in_any_order_are_verified_right(tmp_path):
+    # the checks know what each op leaves behind in the canonical order (a broadcast
+    # first overwrites what all_gather then sends); --ops in another order ran them in
+    # that order and reported every row WRONG
+    out = tmp_path / "out.csv"
+    p = bench("--quick", "-n", "2", "--ops", "all_reduce,all_gather,broadcast", "--sizes", "1K",
+              "--no-barrier", "--csv", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "WRONG" not in p.stdout + p.stderr, p.stdout + p.stderr
+    rows = read_csv(out)
+    assert [r["op"] for r in rows] == ["broadcast", "all_gather", "all_reduce"]
+
+
+@pytest.mark.timeout(60)
 def test_quick_compare_gloo(tmp_path):
     pytest.importorskip("torch")
     out, md = tmp_path / "out.csv", tmp_path / "table.md"

@@ -157,8 +157,11 @@ class Settings:
 
     def __init__(self, args):
         self.worlds = _int_list(args.worlds, "-n")
-        self.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-        bad = [o for o in self.ops if o not in ALL_OPS]
+        asked = [o.strip() for o in args.ops.split(",") if o.strip()]
+        bad = [o for o in asked if o not in ALL_OPS]
+        # always in the canonical order: each op's result check knows what the ops before
+        # it leave in the shared buffers (a broadcast first, then all_gather sends it)
+        self.ops = [o for o in ALL_OPS if o in asked]
         if bad or not self.ops:
             raise ValueError(f"--ops: unknown {', '.join(bad) or '(none given)'}; "
                              f"choose from {', '.join(ALL_OPS)}")

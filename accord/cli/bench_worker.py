@@ -334,7 +334,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-barrier", dest="barrier", action="store_false")
     a = ap.parse_args(argv)
-    ops = [o for o in a.ops.split(",") if o]
+    asked = a.ops.split(",")
+    ops = [o for o in ALL_OPS if o in asked]     # the order _verify expects
     sizes = sorted(int(s) for s in a.sizes.split(",") if s)
     lib = LIBS[a.lib]()
     try:
