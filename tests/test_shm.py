@@ -538,11 +538,11 @@ def _pair_broadcast_from_a_mib(rank, world):
 
 
 def test_two_ranks_split_a_broadcast_from_a_mib():
-    # from COOP_MIN_PAIR two ranks each copy a half (below it: the plain path), whatever
-    # the single-copy threshold for single messages
-    for env in (SHM, {**SHM, "ACCORD_SHM_CMA": "2M"}):
+    # from COOP_MIN_PAIR two ranks each copy a half (below it: the plain path) where the
+    # single-copy threshold allows it; by default (4 MiB) these sizes go through the ring
+    for env in ({**SHM, "ACCORD_SHM_CMA": "1M"}, SHM, {**SHM, "ACCORD_SHM_CMA": "2M"}):
         out = run_ranks(2, _pair_broadcast_from_a_mib, env=env, timeout=60)
-        split = env.get("ACCORD_SHM_CMA") != "2M"
+        split = env.get("ACCORD_SHM_CMA") == "1M"
         for names in out:
             assert [n == "single_copy" for n in names] == \
                 [False, False] + [split] * 4, (env, names)
@@ -582,7 +582,7 @@ def test_receive_from_any_source(env, n):
 
 def test_point_to_point_has_its_own_single_copy_threshold():
     from accord.options import Options
-    assert Options.from_env({}).shm_cma_min == 1 << 20
+    assert Options.from_env({}).shm_cma_min == 4 << 20
     assert Options.from_env({}).shm_p2p_cma_min == 16 << 20
     # ACCORD_SHM_CMA alone sets both; ACCORD_SHM_P2P_CMA only point-to-point's
     both = Options.from_env({"ACCORD_SHM_CMA": "4K"})

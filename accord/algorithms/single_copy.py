@@ -32,7 +32,7 @@ def broadcast_applies(c, nbytes):
         # each side copies its half itself: only a single-copy threshold (ACCORD_SHM_CMA)
         # above the whole message, or single copy turned off, says no
         return nbytes >= COOP_MIN_PAIR and pm.min_bytes <= nbytes and pm.usable(1 - c.rank)
-    return nbytes >= COOP_MIN and pm.min_bytes <= nbytes // 4 and pm.everywhere
+    return nbytes >= COOP_MIN and pm.min_bytes <= nbytes and pm.everywhere
 
 
 def broadcast(c, arr, root):
@@ -65,8 +65,7 @@ def broadcast(c, arr, root):
 
 def list_applies(c, nbytes):
     pm = c.peer_memory
-    return pm is not None and pm.everywhere and nbytes >= COOP_MIN and \
-        pm.min_bytes <= nbytes // 4
+    return pm is not None and pm.everywhere and nbytes >= COOP_MIN and pm.min_bytes <= nbytes
 
 
 def broadcast_list(c, bufs, root):

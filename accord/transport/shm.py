@@ -512,7 +512,7 @@ class ShmTransport(Reports):
     medium = "shared memory"
     hosts = None                # one host, by construction
 
-    def __init__(self, rank, size, arena, describe_rank, cma_min=1 << 20, plane=0):
+    def __init__(self, rank, size, arena, describe_rank, cma_min=4 << 20, plane=0):
         """plane 0: the collectives' rings; 1: the point-to-point rings and doorbell
         (the p2p engine's), over the same arena, which plane 0 owns."""
         self.rank, self.size = rank, size
@@ -1206,7 +1206,7 @@ def _attach(path):
 
 
 def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=64 << 20,
-                cma_min=1 << 20, p2p_cma_min=None):
+                cma_min=4 << 20, p2p_cma_min=None):
     """Create (group rank 0) or attach the group's arena; return a ShmTransport.
 
     cma_min: the smallest collective message sent single-copy (0: none);
