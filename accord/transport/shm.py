@@ -622,22 +622,27 @@ class ShmTransport(Reports):
         """
         self._check_usable()
         links = self.links
-        if meanwhile is not None and all([len(b) <= _INLINE and len(b) < self.cma_min
-                                          for _, b in sends]):
-            # small sends are copied into the ring, not read by the peers from this
-            # process: nothing would overlap the local work
-            meanwhile()
-            meanwhile = None
-        if meanwhile is None and len(sends) <= 1 and len(recvs) <= 1:
+        # small sends are copied into the ring, not read by the peers from this process:
+        # the local work overlaps only the peers' own copies, so it runs once this
+        # rank's sends are in (and before it waits for theirs)
+        local = meanwhile is not None and all([len(b) <= _INLINE and len(b) < self.cma_min
+                                               for _, b in sends])
+        if (meanwhile is None or local) and len(sends) <= 1 and len(recvs) <= 1:
             # the small-message lane: a step with one message each way at most goes
             # without records when it fits its ring in one piece; what it cannot do
             # (nothing consumed) the general path below does, errors included
             if sends and self._send_inline(sends[0][0], sends[0][1], stamp):
                 sends = ()
+            if local:
+                meanwhile()
+                meanwhile = None
             if recvs and self._recv_inline(recvs[0][0], recvs[0][1], stamp):
                 recvs = ()
             if not sends and not recvs:
                 return
+        elif local:
+            meanwhile()
+            meanwhile = None
         posted = []
         for peer, buf in recvs:
             r = Recv(peer, buf, stamp=stamp)
