@@ -71,13 +71,13 @@ def _address(v):
 
 class _Bucket:
     """One broadcast collective of the layout: packed small tensors, then large ones."""
-    __slots__ = ("code", "name", "total", "packed", "small", "pieces")
+    __slots__ = ("code", "name", "total", "packed", "segments", "pieces")
 
     def __init__(self, code, name):
         self.code, self.name = code, name
         self.total = 0
         self.packed = None          # our own array holding the small tensors, back to back
-        self.small = []             # (slice of packed, tensor's memory) byte views
+        self.segments = []          # per packed piece: (slice of packed, tensor memory) views
         self.pieces = []            # byte views: the packed array's pieces, the large ones'
 
 
@@ -105,10 +105,12 @@ def lookup(tree, bucket_bytes, is_root):
     return None, None
 
 
-def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of):
+def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of,
+             packed_pieces_of):
     """Keep an entry for tree (a dict) if it is flat and every leaf a contiguous CPU tensor
-    or array; leaves: the general path's, in its order. small_bytes and pieces_of(nbytes,
-    itemsize) are the general path's layout rules, so both paths cut alike."""
+    or array; leaves: the general path's, in its order. small_bytes, pieces_of(nbytes,
+    itemsize) (a large tensor's pieces) and packed_pieces_of (the packed array's) are the
+    general path's layout rules, so both paths cut alike."""
     if type(tree) is not dict or len(leaves) != len(tree) or not leaves:
         return None
     vals = list(tree.values())
@@ -157,11 +159,20 @@ def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of
             out.packed = np.empty(packed // itemsize,
                                   np.int16 if b.code == BF16_CODE else b.views[0].dtype)
             pv = memoryview(out.packed).cast("B")
-            off = 0
+            cuts = packed_pieces_of(packed, itemsize)
+            out.pieces = [pv[lo:hi] for lo, hi in cuts]
+            # each tensor's bytes by packed piece (one that straddles a cut, in two)
+            out.segments = [[] for _ in cuts]
+            k, off = 0, 0
             for a, n in small:
-                out.small.append((pv[off:off + n], w[a:a + n]))
-                off += n
-            out.pieces = [pv[lo:hi] for lo, hi in pieces_of(packed, itemsize)]
+                end = off + n
+                while off < end:
+                    while cuts[k][1] <= off:
+                        k += 1
+                    stop = min(end, cuts[k][1])
+                    out.segments[k].append((pv[off:stop], w[a + (off - (end - n)):
+                                                            a + (stop - (end - n))]))
+                    off = stop
         out.pieces += large
         out.total = b.nbytes
         e.buckets.append(out)
@@ -171,16 +182,27 @@ def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of
     return e
 
 
-def pack(bucket):
-    """Copy the bucket's small tensors into its packed array (the root, before sending)."""
-    for mine, theirs in bucket.small:
-        mine[:] = theirs
+def packer(segments):
+    """before(i) for the root: copy the small tensors' bytes of packed piece i into it
+    (pieces past the packed ones are large tensors, sent from their own memory)."""
+    n = len(segments)
+
+    def pack(i):
+        if i < n:
+            for mine, theirs in segments[i]:
+                mine[:] = theirs
+    return pack
 
 
-def unpack(bucket):
-    """Copy the packed array out into the small tensors (a receiver, after receiving)."""
-    for mine, theirs in bucket.small:
-        theirs[:] = mine
+def unpacker(segments):
+    """after(i) for a receiver: copy packed piece i out into the small tensors."""
+    n = len(segments)
+
+    def unpack(i):
+        if i < n:
+            for mine, theirs in segments[i]:
+                theirs[:] = mine
+    return unpack
 
 
 def forget():

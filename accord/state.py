@@ -298,7 +298,9 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     _agree(g, root, digest, any(l.error for l in leaves), timeout,
            lambda: _explain((leaves, sig)))
     if module is None:
-        flat_state.remember(obj, bucket_bytes, is_root, leaves, digest, SMALL_BYTES, _cuts)
+        flat_state.remember(obj, bucket_bytes, is_root, leaves, digest, SMALL_BYTES,
+                            lambda n, size: _cuts(n, size, PIECE_BYTES),
+                            lambda n, size: _cuts(n, size, PACKED_PIECE_BYTES))
 
     others = [l for l in leaves if l.view is None]
     if others:
@@ -326,26 +328,34 @@ def _explain(flattened):
 
 
 def _broadcast_flat(g, root, bucket, timeout):
-    """broadcast_bucket for a flat_state entry: the same collective, moved by address."""
+    """broadcast_bucket for a flat_state entry: the same collective, moved by address.
+
+    The packed pieces are packed (root) and unpacked (receivers) one at a time between
+    the pieces' transfers, so at world 2 the root packs piece i+1 while the receiver
+    copies piece i out of the ring, and unpacks it while the root writes the next."""
     is_root = g.rank == root
-    pieces = bucket.pieces
-    unpack = bucket.small and not is_root
-    if bucket.small and is_root:
-        flat_state.pack(bucket)
+    segments = bucket.segments
+    hook = None
+    if segments:
+        hook = flat_state.packer(segments) if is_root else flat_state.unpacker(segments)
     total = bucket.total
     forced = g.options.algorithms
 
     def body(c):
         if c is not None:
-            choose("broadcast_list", total, c, forced)(c, pieces, root)
-        if unpack:
-            flat_state.unpack(bucket)
+            fn = choose("broadcast_list", total, c, forced)
+            if is_root:
+                fn(c, bucket.pieces, root, before=hook)
+            else:
+                fn(c, bucket.pieces, root, after=hook)
     return plans.run(g, "broadcast", body, False, timeout,
                      (root, bucket.code, 0, total, bucket.name, None))
 
 
 SMALL_BYTES = 64 << 10     # tensors below this are packed; larger ones move in place
 PIECE_BYTES = 4 << 20      # large tensors move in pieces of about this size (a chain pipelines)
+PACKED_PIECE_BYTES = 256 << 10   # ... the packed small ones in these: a repeated sync packs
+                                 # and unpacks piece by piece while the others move
 
 
 def broadcast_bucket(g, root, bucket, async_op, timeout):
@@ -370,7 +380,7 @@ def broadcast_bucket(g, root, bucket, async_op, timeout):
         small.allocate()
         if is_root:
             small.pack()
-        pieces[:0] = _pieces(small.flat())
+        pieces[:0] = _pieces(small.flat(), PACKED_PIECE_BYTES)
     total = sum(p.nbytes for p in pieces)
     name = "bfloat16" if bucket.code == BF16_CODE else bucket.views[0].dtype.name
 
@@ -400,15 +410,15 @@ def _stage(view, is_root):
     return np.empty(view.shape, view.dtype), view
 
 
-def _pieces(flat):
-    """flat in pieces of about PIECE_BYTES, without a small tail piece."""
+def _pieces(flat, piece_bytes=PIECE_BYTES):
+    """flat in pieces of about piece_bytes, without a small tail piece."""
     size = flat.itemsize
-    return [flat[a // size:b // size] for a, b in _cuts(flat.nbytes, size)]
+    return [flat[a // size:b // size] for a, b in _cuts(flat.nbytes, size, piece_bytes)]
 
 
-def _cuts(nbytes, itemsize):
-    """(start, end) byte ranges of _pieces: whole elements, about PIECE_BYTES each."""
-    per = max(1, PIECE_BYTES // itemsize)
+def _cuts(nbytes, itemsize, piece_bytes=PIECE_BYTES):
+    """(start, end) byte ranges of _pieces: whole elements, about piece_bytes each."""
+    per = max(1, piece_bytes // itemsize)
     n = nbytes // itemsize
     cuts = list(range(0, n, per))
     if len(cuts) > 1 and n - cuts[-1] < per // 2:

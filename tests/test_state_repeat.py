@@ -205,3 +205,25 @@ def test_hierarchical_group_syncs_again_and_names_a_mismatch():
     msgs = run_ranks(4, _across_hosts, init=False, timeout=60)
     for m in msgs:
         assert m is not None and "['p0']: rank 3 has a int32 tensor of shape [4]" in m, m
+
+
+def _many_small(rank, world, n, elems):
+    import accord
+    # odd sizes: tensors straddle the packed area's piece boundaries
+    state = {f"t{i:03d}": np.full(elems + 37 * (i % 11), -1.0, np.float32) for i in range(n)}
+    for step in range(3):
+        if rank == 0:
+            _fill(state, step)
+        accord.broadcast_state(state, src=0)
+        _check(state, step)
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("n,elems,env", [
+    (60, 6000, {}),                                   # 1.5 MB packed: ring (2), chain (3)
+    (240, 6000, {}),                                  # 6 MB: split single copy
+    (60, 6000, {"ACCORD_ALGORITHMS": "broadcast=chain"}),
+], ids=["ring-or-chain", "single-copy", "chain"])
+def test_packed_pieces_are_packed_and_unpacked_one_by_one(world, n, elems, env):
+    assert run_ranks(world, _many_small, n, elems, env=env) == ["ok"] * world

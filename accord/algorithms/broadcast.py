@@ -43,21 +43,30 @@ def chain(c, arr, root, chunk_bytes=CHAIN_CHUNK):
         c.send(nxt, chunks[-1])
 
 
-def chain_pieces(c, pieces, root):
-    """A chain over a list of buffers: rank k forwards piece i while it receives i+1."""
+def chain_pieces(c, pieces, root, before=None, after=None):
+    """A chain over a list of buffers: rank k forwards piece i while it receives i+1.
+
+    before(i): the root's work before piece i leaves; after(i): a receiver's once
+    piece i is in (broadcast_state packs and unpacks its small tensors there)."""
     n = c.size
     pos = (c.rank - root) % n
     prev, nxt = (c.rank - 1) % n, (c.rank + 1) % n
     # one exchange per piece: a transport re-checks every pending message of an
     # exchange each time it makes progress, so hundreds at once cost quadratic time
     if pos == 0:
-        for p in pieces:
+        for i, p in enumerate(pieces):
+            if before is not None:
+                before(i)
             c.send(nxt, p)
     elif pos == n - 1:
-        for p in pieces:
+        for i, p in enumerate(pieces):
             c.recv(prev, p)
+            if after is not None:
+                after(i)
     else:
         for i, p in enumerate(pieces):
             c.exchange(sends=[(nxt, pieces[i - 1])] if i else [], recvs=[(prev, p)])
+            if after is not None:
+                after(i)
         c.exchange(sends=[(nxt, pieces[-1])])
 

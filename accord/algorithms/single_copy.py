@@ -68,26 +68,41 @@ def list_applies(c, nbytes):
     return pm is not None and pm.everywhere and nbytes >= COOP_MIN and pm.min_bytes <= nbytes
 
 
-def broadcast_list(c, bufs, root):
-    """A broadcast of a list of buffers (a bucket's tensors) by split copies."""
+def broadcast_list(c, bufs, root, before=None, after=None):
+    """A broadcast of a list of buffers (a bucket's tensors) by split copies.
+
+    before(i) / after(i): the root's work before buffer i leaves, a receiver's once it
+    is in (here all of them around the one copy; the ring and the chain interleave
+    them with the pieces, so packing and unpacking overlap the transfer)."""
+    if before is not None and c.rank == root:
+        for i in range(len(bufs)):
+            before(i)
     split_copy(c, [as_bytes(b) for b in bufs], root)
+    if after is not None and c.rank != root:
+        for i in range(len(bufs)):
+            after(i)
 
 
 def ring_list_applies(c, nbytes):
     return c.size == 2 and c.peer_memory is not None
 
 
-def ring_list(c, bufs, root):
+def ring_list(c, bufs, root, before=None, after=None):
     """Two ranks, every buffer through the shared ring (never single copy): the root
-    copies piece i in while the receiver copies piece i-1 out, so both cores copy."""
+    copies piece i in while the receiver copies piece i-1 out, so both cores copy.
+    before(i) / after(i): as broadcast_list's, run between the pieces."""
     peer = 1 - c.rank
     # one exchange per buffer: a send completes once its bytes are in the ring
     if c.rank == root:
-        for b in bufs:
+        for i, b in enumerate(bufs):
+            if before is not None:
+                before(i)
             c.exchange(sends=[(peer, b)], ring=True)
     else:
-        for b in bufs:
+        for i, b in enumerate(bufs):
             c.exchange(recvs=[(root, b)])
+            if after is not None:
+                after(i)
 
 
 def split_copy(c, views, root):
