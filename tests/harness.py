@@ -120,9 +120,9 @@ class spy_algorithms:
         self.saved = dict(self.table)
         ran = []
         for name, e in self.saved.items():
-            def fn(*args, _fn=e.fn, _name=name):
+            def fn(*args, _fn=e.fn, _name=name, **kwargs):
                 ran.append(_name)
-                return _fn(*args)
+                return _fn(*args, **kwargs)
             self.table[name] = e._replace(fn=fn)
         return ran
 

@@ -428,6 +428,9 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     # forcing broadcast sends lists down the chain too
     assert choose("broadcast_list", 16 << 20, shm4, {"broadcast": "tree"}) is \
         broadcast.chain_pieces
+    # a small list goes down the tree (log2(n) hops), a large one down the chain
+    assert choose("broadcast_list", 200 << 10, tcp4, {}) is broadcast.tree_pieces
+    assert choose("broadcast_list", 1 << 20, tcp4, {}) is broadcast.chain_pieces
 
 
 def _gather_in_place(rank, world):

@@ -227,3 +227,22 @@ def _many_small(rank, world, n, elems):
 ], ids=["ring-or-chain", "single-copy", "chain"])
 def test_packed_pieces_are_packed_and_unpacked_one_by_one(world, n, elems, env):
     assert run_ranks(world, _many_small, n, elems, env=env) == ["ok"] * world
+
+
+def _small_bucket_tree(rank, world, forced):
+    import accord
+    from tests.harness import spy_algorithms
+    state = _state(rank)
+    with spy_algorithms("broadcast_list") as names:
+        for step in range(2):
+            if rank == 0:
+                _fill(state, step)
+            accord.broadcast_state(state, src=0)
+            _check(state, step)
+    return list(names)
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_a_small_bucket_goes_down_the_tree_beyond_two_ranks(world):
+    for names in run_ranks(world, _small_bucket_tree, None):
+        assert names == ["tree", "tree"], names

@@ -24,6 +24,19 @@ def tree(c, arr, root):
         c.exchange(sends=sends)
 
 
+def tree_pieces(c, pieces, root, before=None, after=None):
+    """A list of small buffers down the binomial tree, one after the other: every rank
+    is at most log2(n) hops from the root, where the chain puts the last n-1 away
+    (broadcast_state's small buckets). before(i) / after(i): as chain_pieces'."""
+    is_root = c.rank == root
+    for i, p in enumerate(pieces):
+        if before is not None and is_root:
+            before(i)
+        tree(c, p, root)
+        if after is not None and not is_root:
+            after(i)
+
+
 def chain(c, arr, root, chunk_bytes=CHAIN_CHUNK):
     """root -> root+1 -> ... ; rank k forwards chunk i while it receives chunk i+1."""
     n = c.size

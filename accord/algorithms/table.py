@@ -44,6 +44,7 @@ ALGORITHMS = {
     "broadcast_list": {
         "single_copy": Entry(single_copy.broadcast_list, single_copy.list_applies),
         "ring": Entry(single_copy.ring_list, single_copy.ring_list_applies),
+        "tree": Entry(broadcast.tree_pieces, _small("broadcast")),
         "chain": Entry(broadcast.chain_pieces),
     },
     "all_gather": {
