@@ -27,6 +27,11 @@ How it goes, on every rank of the group:
    straight out of the root's tensors while the root writes the second half
    into the receiver's; otherwise every piece goes through the ring, the root
    copying one piece in while the other rank copies the previous one out.
+
+A plain dict synced again, holding the same contiguous tensors unchanged, skips
+step 1 and the layout planning: flat_state.py remembers them (weakly) and moves
+the bytes by address, with the same buckets, pieces and stamps, so ranks may take
+either path in one call. Step 2 runs on every call.
 """
 from __future__ import annotations
 
