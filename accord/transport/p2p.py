@@ -54,7 +54,7 @@ class Pending(Outcome):
     """One posted send or receive, from post() to its outcome (it is its own future:
     done(), result(), wait(); the sender's global rank for a receive)."""
     __slots__ = ("is_send", "peer", "view", "tag", "deadline", "timeout", "rec",
-                 "finish", "_desc", "on_done", "over")
+                 "finish", "_desc", "on_done", "over", "filled")
 
     def __init__(self, is_send, peer, view, tag, timeout, desc, finish=None, on_done=None):
         Outcome.__init__(self)
@@ -68,6 +68,7 @@ class Pending(Outcome):
         # settled (its outcome is set or about to be): what the engine reads on every
         # pass over its operations
         self.over = False
+        self.filled = None       # (bytes in, since when): a receive filling past its deadline
 
     @property
     def desc(self):
@@ -498,8 +499,19 @@ class Engine:
                        f"receiving from this rank with the same tag and group?)")
             else:
                 rivals = op.rec if op.rec.__class__ is list else [op.rec]
-                if any(self._filling(r) for r in rivals):
-                    continue            # its bytes are coming in: let it finish
+                filling = next((r for r in rivals if self._filling(r)), None)
+                if filling is not None:
+                    # its bytes are coming in: let it finish while they keep coming,
+                    # but not when they stopped (a sender stopped, or cut off by a
+                    # network that drops packets: nothing else would ever end it)
+                    stalled = self._stalled(op, filling, now)
+                    if stalled.__class__ is float:
+                        nearest = min(nearest, stalled)
+                        continue
+                    self._fail(op, stalled)
+                    # the rest of that message can no longer be told from what follows
+                    self._lose(filling.peer, stalled)
+                    continue
                 for r in rivals:
                     r.done = True
                     try:
@@ -516,6 +528,24 @@ class Engine:
     def _filling(self, r):
         inc = self.t.links[r.peer].incoming
         return inc is not None and inc[3] is r
+
+    def _stalled(self, op, r, now):
+        """While receive r's message (being filled, op past its deadline) still arrives,
+        the seconds until it is looked at again; the CommTimeout once no byte of it
+        came for op's whole timeout."""
+        got = self.t.links[r.peer].incoming[2]
+        seen = op.filled
+        if seen is None or seen[0] != got:
+            op.filled = (got, now)
+            return float(op.timeout)
+        if now - seen[1] < op.timeout:
+            return max(0.001, seen[1] + op.timeout - now)
+        total = len(op.view)
+        return CommTimeout(f"{self.here}: {op.desc}: Timed out after {op.timeout:g} s: the "
+                           f"message from {self.t.peer_desc(r.peer)} stopped arriving after "
+                           f"{got} of {total} bytes (nothing more came for {op.timeout:g} s: "
+                           f"is that rank stopped, or the network between them dropping "
+                           f"packets?); point-to-point with it is over")
 
     def _no_peer_left(self, op):
         why = "; ".join(f"{self.t.peer_desc(p)}: {e}" for p, e in sorted(self._gone.items()))
