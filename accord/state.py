@@ -22,11 +22,12 @@ How it goes, on every rank of the group:
    transport; a large strided tensor goes through a contiguous temporary. The
    layout (which tensors are packed, where the pieces are cut) depends only on
    paths, shapes and dtypes, so ranks may hold the same tensor with different
-   strides. At world 2 over shared memory a bucket is one shm broadcast_many:
-   with single copy allowed, the receiver reads the first half of its bytes
-   straight out of the root's tensors while the root writes the second half
-   into the receiver's; otherwise every piece goes through the ring, the root
-   copying one piece in while the other rank copies the previous one out.
+   strides. At world 2 over shared memory every piece goes through the ring, the
+   root copying one piece in while the other rank copies the previous one out;
+   with more ranks, where every pair may, a bucket of 4 MiB or more is one split
+   single copy (each receiver reads from the front of the root's tensors while
+   the root writes into it from the back), a small one goes down the binomial
+   tree, and the rest along the chain (algorithms/table.py).
 
 A plain dict synced again, holding the same contiguous tensors unchanged, skips
 step 1 and the layout planning: flat_state.py remembers them (weakly) and moves
@@ -389,8 +390,8 @@ def broadcast_bucket(g, root, bucket, async_op, timeout):
     total = sum(p.nbytes for p in pieces)
     name = "bfloat16" if bucket.code == BF16_CODE else bucket.views[0].dtype.name
 
-    # shm: single copy split between the root and each receiver, or at world 2 the
-    # ring with both cores copying; else a chain (algorithms/table.py)
+    # shm: at world 2 the ring with both cores copying, beyond it single copy split
+    # between the root and each receiver; else a tree or a chain (algorithms/table.py)
     forced = g.options.algorithms
 
     def body(c):

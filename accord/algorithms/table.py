@@ -42,8 +42,11 @@ ALGORITHMS = {
     # a list of buffers broadcast as one call (broadcast_state's buckets, a
     # hierarchical all_gather's last phase)
     "broadcast_list": {
-        "single_copy": Entry(single_copy.broadcast_list, single_copy.list_applies),
+        # two ranks: the ring, both cores copying (50 MiB state dicts in 0.68x the split
+        # single copy's time, 10 MiB of small tensors 0.92x: six paired runs of
+        # benchmarks/bench_state.py -n 2); more: the split single copy
         "ring": Entry(single_copy.ring_list, single_copy.ring_list_applies),
+        "single_copy": Entry(single_copy.broadcast_list, single_copy.list_applies),
         "tree": Entry(broadcast.tree_pieces, _small("broadcast")),
         "chain": Entry(broadcast.chain_pieces),
     },
