@@ -37,7 +37,9 @@ import numpy as np
 from ._packing import plan_buckets
 from .buffers import BF16_CODE, is_torch_tensor
 
-_ENTRIES = {}            # (id(dict), bucket bytes, is_root) -> _Entry
+# (id(dict), id(group), bucket bytes, is_root) -> _Entry. Per group: an entry's packed
+# buffers are written during its group's call, and a group runs one call at a time
+_ENTRIES = {}
 _ENTRIES_MAX = 8
 _is = operator.is_
 _SPAN = 1 << 62
@@ -46,12 +48,16 @@ _WINDOW = None
 
 def _window():
     """A writable uint8 memoryview whose index is the address: window[a:a + n] is the n
-    bytes at address a. It owns no memory; only addresses of live, checked tensors and
-    of this module's own buffers are sliced out of it."""
+    bytes at address a, or None where the platform cannot describe one that large (then
+    nothing is remembered). It owns no memory; only addresses of live, checked tensors
+    and of this module's own buffers are sliced out of it."""
     global _WINDOW
     if _WINDOW is None:
-        _WINDOW = memoryview((ctypes.c_char * _SPAN).from_address(0)).cast("B")
-    return _WINDOW
+        try:
+            _WINDOW = memoryview((ctypes.c_char * _SPAN).from_address(0)).cast("B")
+        except (OverflowError, MemoryError, TypeError, ValueError):
+            _WINDOW = False
+    return _WINDOW or None
 
 
 def _meta(v):
@@ -93,10 +99,11 @@ class _Entry:
         return [_meta(v) for v in vals] == self.metas
 
 
-def lookup(tree, bucket_bytes, is_root):
-    """(entry, values) for a dict seen before and unchanged, or (None, None); is_root:
-    whether this rank sends (a receiver's entry was made where its arrays are writable)."""
-    e = _ENTRIES.get((id(tree), bucket_bytes, is_root))
+def lookup(g, tree, bucket_bytes, is_root):
+    """(entry, values) for a dict seen before on group g and unchanged, or (None, None);
+    is_root: whether this rank sends (a receiver's entry was made where its arrays are
+    writable)."""
+    e = _ENTRIES.get((id(tree), id(g), bucket_bytes, is_root))
     if e is None:
         return None, None
     vals = list(tree.values())
@@ -105,7 +112,7 @@ def lookup(tree, bucket_bytes, is_root):
     return None, None
 
 
-def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of,
+def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of,
              packed_pieces_of):
     """Keep an entry for tree (a dict) if it is flat and every leaf a contiguous CPU tensor
     or array; leaves: the general path's, in its order. small_bytes, pieces_of(nbytes,
@@ -139,6 +146,8 @@ def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of
     if any(a + v.nbytes > _SPAN for a, v in zip(addrs, vals)):
         return None
     w = _window()
+    if w is None:
+        return None
     e.digest = digest
     e.buckets = []
     by_view = {id(leaf.view): i for leaf, i in zip(leaves, index)}
@@ -178,7 +187,7 @@ def remember(tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of
         e.buckets.append(out)
     if len(_ENTRIES) >= _ENTRIES_MAX:
         del _ENTRIES[next(iter(_ENTRIES))]          # the oldest
-    _ENTRIES[(id(tree), bucket_bytes, is_root)] = e
+    _ENTRIES[(id(tree), id(g), bucket_bytes, is_root)] = e
     return e
 
 

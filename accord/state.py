@@ -288,7 +288,7 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     is_root = g.rank == root
     if type(obj) is dict and not async_op and g.size > 1:
         # the same dict of the same tensors as last time (flat_state.py)
-        e, vals = flat_state.lookup(obj, bucket_bytes, is_root)
+        e, vals = flat_state.lookup(g, obj, bucket_bytes, is_root)
         if e is not None:
             _agree(g, root, e.digest, False, timeout,
                    lambda: _explain(flatten(obj, writable=not is_root)))
@@ -304,7 +304,7 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     _agree(g, root, digest, any(l.error for l in leaves), timeout,
            lambda: _explain((leaves, sig)))
     if module is None:
-        flat_state.remember(obj, bucket_bytes, is_root, leaves, digest, SMALL_BYTES,
+        flat_state.remember(g, obj, bucket_bytes, is_root, leaves, digest, SMALL_BYTES,
                             lambda n, size: _cuts(n, size, PIECE_BYTES),
                             lambda n, size: _cuts(n, size, PACKED_PIECE_BYTES))
 

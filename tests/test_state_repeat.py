@@ -246,3 +246,21 @@ def _small_bucket_tree(rank, world, forced):
 def test_a_small_bucket_goes_down_the_tree_beyond_two_ranks(world):
     for names in run_ranks(world, _small_bucket_tree, None):
         assert names == ["tree", "tree"], names
+
+
+def _two_groups(rank, world):
+    import accord
+    sub = accord.new_group([0, 1])
+    state = _state(rank)
+    for step in range(4):
+        if rank == 0:
+            _fill(state, step)
+        # the same dict on two groups, turn about: an entry each
+        accord.broadcast_state(state, src=0, group=sub if step % 2 else None)
+        if rank in (0, 1) or step % 2 == 0:
+            _check(state, step)
+    return _entries()
+
+
+def test_one_dict_synced_on_two_groups_gets_an_entry_for_each():
+    assert run_ranks(3, _two_groups) == [2, 2, 1]
