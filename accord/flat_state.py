@@ -4,7 +4,8 @@ A training loop that syncs its state every few steps hands broadcast_state the
 same dict of the same tensors each time. Flattening it anew costs 3-4 µs a
 tensor (the type checks, a DLPack export and a numpy view per tensor, the
 structure signature and its digest), more than moving a small tensor's bytes.
-So the first call keeps what it learnt about the dict: its keys, weak
+So a call that sees the same dict (with the same first tensor) a second time keeps
+what it learnt about the dict: its keys, weak
 references to its tensors, each tensor's memory address, shape, strides and
 dtype, the digest of the structure and the bucket layout. A later call with
 the same dict object checks, tensor by tensor, that each one is still the same
@@ -19,9 +20,8 @@ ctypes.memmove's call costs.
 
 The entry keeps no user memory alive: weak references for the tensors, views
 of the window (which owns nothing) for their memory, and the packed buffers
-are its own. It is used
-only while every tensor it names is alive and unchanged, and the tensors are
-held by the call for its duration. The wire layout (buckets, pieces, stamps)
+are its own. It is used only while every tensor it names is alive and
+unchanged, and the tensors are held by the call for its duration. The wire layout (buckets, pieces, stamps)
 is the one the general path makes from the same structure, so ranks may take
 either path in the same call.
 """
@@ -41,6 +41,12 @@ from .buffers import BF16_CODE, is_torch_tensor
 # buffers are written during its group's call, and a group runs one call at a time
 _ENTRIES = {}
 _ENTRIES_MAX = 8
+_PACKED_MAX = 64 << 20   # the packed buffers of all entries together, at most
+# the same key -> a weak reference to the dict's first value, as last seen: an entry is
+# made only for a dict seen a second time with the same first tensor, so a program that
+# passes a fresh dict each call (model.state_dict() makes new tensors) pays nothing
+_SEEN = {}
+_SEEN_MAX = 16
 _is = operator.is_
 _SPAN = 1 << 62
 _WINDOW = None
@@ -60,12 +66,20 @@ def _window():
     return _WINDOW or None
 
 
+# numpy 2 refuses `array.data = ...`; before it, an array's memory could be swapped
+# under the same shape, so there its address is checked too (a slower read)
+_NP_DATA_FIXED = int(np.__version__.split(".")[0]) >= 2
+
+
 def _meta(v):
     """What must not change for a cached address to stay right: for a torch tensor its
     address, shape, strides and dtype; for an array its shape, strides, dtype and
-    writeable flag (an ndarray's address cannot change while its shape stays)."""
+    writeable flag (and, before numpy 2, its address)."""
     if v.__class__ is np.ndarray:
-        return (v.shape, v.strides, v.dtype, v.flags.writeable)
+        if _NP_DATA_FIXED:
+            return (v.shape, v.strides, v.dtype, v.flags.writeable)
+        return (v.shape, v.strides, v.dtype, v.flags.writeable,
+                v.__array_interface__["data"][0])
     return (v.data_ptr(), v.shape, v.stride(), v.dtype)
 
 
@@ -88,7 +102,7 @@ class _Bucket:
 
 
 class _Entry:
-    __slots__ = ("keys", "refs", "metas", "digest", "buckets")
+    __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes")
 
     def valid_for(self, tree, vals):
         """Whether tree still holds exactly the tensors this entry describes."""
@@ -120,7 +134,17 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
     general path's layout rules, so both paths cut alike."""
     if type(tree) is not dict or len(leaves) != len(tree) or not leaves:
         return None
+    key = (id(tree), id(g), bucket_bytes, is_root)
     vals = list(tree.values())
+    seen = _SEEN.get(key)
+    if seen is None or seen() is not vals[0]:
+        if len(_SEEN) >= _SEEN_MAX:
+            del _SEEN[next(iter(_SEEN))]
+        try:
+            _SEEN[key] = weakref.ref(vals[0])
+        except TypeError:
+            pass
+        return None
     keys = list(tree)
     # flatten() visits a dict's keys sorted where they sort; the layout is in that order
     order = {id(v): i for i, v in enumerate(vals)}
@@ -150,6 +174,9 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
         return None
     e.digest = digest
     e.buckets = []
+    e.packed_bytes = sum(v.nbytes for v in vals if v.nbytes < small_bytes)
+    if e.packed_bytes > _PACKED_MAX:
+        return None
     by_view = {id(leaf.view): i for leaf, i in zip(leaves, index)}
     for b in plan_buckets(((leaf.view, leaf.code, None) for leaf in leaves), bucket_bytes,
                           direct_ok=False):
@@ -185,9 +212,11 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
         out.pieces += large
         out.total = b.nbytes
         e.buckets.append(out)
-    if len(_ENTRIES) >= _ENTRIES_MAX:
+    _ENTRIES.pop(key, None)
+    while _ENTRIES and (len(_ENTRIES) >= _ENTRIES_MAX or e.packed_bytes + sum(
+            x.packed_bytes for x in _ENTRIES.values()) > _PACKED_MAX):
         del _ENTRIES[next(iter(_ENTRIES))]          # the oldest
-    _ENTRIES[(id(tree), id(g), bucket_bytes, is_root)] = e
+    _ENTRIES[key] = e
     return e
 
 
@@ -217,6 +246,7 @@ def unpacker(segments):
 def forget():
     """Drop every entry (tests; a fork's child starts with none)."""
     _ENTRIES.clear()
+    _SEEN.clear()
 
 
 if hasattr(os, "register_at_fork"):

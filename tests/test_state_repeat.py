@@ -49,8 +49,8 @@ def _repeat(rank, world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_repeated_calls_move_the_new_bytes_every_time(world):
-    # the first call remembers the dict (one entry), later ones use it (none added)
-    assert run_ranks(world, _repeat) == [[1, 0, 0, 0, 0, 0]] * world
+    # the second call remembers the dict (one entry), later ones use it (none added)
+    assert run_ranks(world, _repeat) == [[0, 1, 0, 0, 0, 0]] * world
 
 
 def _changes(rank, world):
@@ -264,3 +264,20 @@ def _two_groups(rank, world):
 
 def test_one_dict_synced_on_two_groups_gets_an_entry_for_each():
     assert run_ranks(3, _two_groups) == [2, 2, 1]
+
+
+def _fresh_dicts(rank, world):
+    import accord
+    for step in range(4):
+        # new arrays in a new dict each call, as module.state_dict() gives
+        state = _state(rank)
+        if rank == 0:
+            _fill(state, step)
+        accord.broadcast_state(state, src=0)
+        _check(state, step)
+        del state
+    return _entries()
+
+
+def test_a_fresh_dict_each_call_is_never_remembered():
+    assert run_ranks(2, _fresh_dicts) == [0, 0]
