@@ -132,6 +132,12 @@ def test_missing_libraries_are_skipped_with_a_reason(monkeypatch):
     assert bench_mod.availability("accord") is None
 
 
+def test_ratios_below_a_hundredth_keep_two_digits():
+    from accord.cli.bench import _fr
+    assert [_fr(r) for r in (None, 0.0, 0.0041, 0.0123, 1.5, 250.0)] == \
+        ["-", "0.00x", "0.0041x", "0.01x", "1.50x", "250x"]
+
+
 def test_merge_runs_takes_the_median():
     from accord.cli.bench import merge_runs
     base = {"lib": "accord", "world": 2, "op": "broadcast", "size_bytes": 1 << 20,
