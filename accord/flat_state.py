@@ -97,7 +97,9 @@ class _Bucket:
         self.code, self.name = code, name
         self.total = 0
         self.packed = None          # our own array holding the small tensors, back to back
-        self.segments = []          # per packed piece: (slice of packed, tensor memory) views
+        # per packed piece: (destination, source) views, the packed slice and the tensor's
+        # memory, in the order this rank copies (the root packs, a receiver unpacks)
+        self.segments = []
         self.pieces = []            # byte views: the packed array's pieces, the large ones'
 
 
@@ -206,8 +208,10 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
                     while cuts[k][1] <= off:
                         k += 1
                     stop = min(end, cuts[k][1])
-                    out.segments[k].append((pv[off:stop], w[a + (off - (end - n)):
-                                                            a + (stop - (end - n))]))
+                    packed_view = pv[off:stop]
+                    tensor_view = w[a + (off - (end - n)):a + (stop - (end - n))]
+                    out.segments[k].append((packed_view, tensor_view) if is_root else
+                                           (tensor_view, packed_view))
                     off = stop
         out.pieces += large
         out.total = b.nbytes
@@ -220,27 +224,18 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
     return e
 
 
-def packer(segments):
-    """before(i) for the root: copy the small tensors' bytes of packed piece i into it
-    (pieces past the packed ones are large tensors, sent from their own memory)."""
+def piece_copier(segments):
+    """hook(i) copying packed piece i's segments, each (destination, source): the root's
+    before(i) packs the small tensors into the piece, a receiver's after(i) unpacks it
+    into them. Pieces past the packed ones are large tensors, sent from and received
+    into their own memory."""
     n = len(segments)
 
-    def pack(i):
+    def copy(i):
         if i < n:
-            for mine, theirs in segments[i]:
-                mine[:] = theirs
-    return pack
-
-
-def unpacker(segments):
-    """after(i) for a receiver: copy packed piece i out into the small tensors."""
-    n = len(segments)
-
-    def unpack(i):
-        if i < n:
-            for mine, theirs in segments[i]:
-                theirs[:] = mine
-    return unpack
+            for dst, src in segments[i]:
+                dst[:] = src
+    return copy
 
 
 def forget():

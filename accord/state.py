@@ -305,8 +305,7 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
            lambda: _explain((leaves, sig)))
     if module is None:
         flat_state.remember(g, obj, bucket_bytes, is_root, leaves, digest, SMALL_BYTES,
-                            lambda n, size: _cuts(n, size, PIECE_BYTES),
-                            lambda n, size: _cuts(n, size, PACKED_PIECE_BYTES))
+                            _cuts, lambda n, size: _cuts(n, size, PACKED_PIECE_BYTES))
 
     others = [l for l in leaves if l.view is None]
     if others:
@@ -343,7 +342,7 @@ def _broadcast_flat(g, root, bucket, timeout):
     segments = bucket.segments
     hook = None
     if segments:
-        hook = flat_state.packer(segments) if is_root else flat_state.unpacker(segments)
+        hook = flat_state.piece_copier(segments)
     total = bucket.total
     forced = g.options.algorithms
 

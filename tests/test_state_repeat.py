@@ -28,22 +28,27 @@ def _check(state, step):
         np.testing.assert_array_equal(v, want[k], err_msg=f"{k} at step {step}")
 
 
+def _sync(state, rank, step, **kwargs):
+    """One round: rank 0 writes step's values, broadcast_state, every rank has them."""
+    import accord
+    if rank == 0:
+        _fill(state, step)
+    accord.broadcast_state(state, src=0, **kwargs)
+    _check(state, step)
+
+
 def _entries():
     from accord import flat_state
     return len(flat_state._ENTRIES)
 
 
 def _repeat(rank, world):
-    import accord
     state = _state(rank)
     took = []
     for step in range(6):
-        if rank == 0:
-            _fill(state, step)
         before = _entries()
-        accord.broadcast_state(state, src=0)
+        _sync(state, rank, step)
         took.append(_entries() - before)
-        _check(state, step)
     return took
 
 
@@ -56,7 +61,6 @@ def test_repeated_calls_move_the_new_bytes_every_time(world):
 def _changes(rank, world):
     """Each step changes the dict or a tensor on some rank in a way the remembered
     layout does not describe; every rank must still end with the root's values."""
-    import accord
     state = _state(rank)
     for step, change in enumerate(["none", "new_object", "reshape_in_place", "new_key_both",
                                    "swap_same_size", "none", "resized_storage"]):
@@ -73,10 +77,7 @@ def _changes(rank, world):
             # a new array of the old size: the old memory may be gone
             state["p3"] = np.full(state["p3"].shape, -1.0, np.float32)
             gc.collect()
-        if rank == 0:
-            _fill(state, step)
-        accord.broadcast_state(state, src=0)
-        _check(state, step)
+        _sync(state, rank, step)
     return "ok"
 
 
@@ -208,14 +209,10 @@ def test_hierarchical_group_syncs_again_and_names_a_mismatch():
 
 
 def _many_small(rank, world, n, elems):
-    import accord
     # odd sizes: tensors straddle the packed area's piece boundaries
     state = {f"t{i:03d}": np.full(elems + 37 * (i % 11), -1.0, np.float32) for i in range(n)}
     for step in range(3):
-        if rank == 0:
-            _fill(state, step)
-        accord.broadcast_state(state, src=0)
-        _check(state, step)
+        _sync(state, rank, step)
     return "ok"
 
 
@@ -267,14 +264,10 @@ def test_one_dict_synced_on_two_groups_gets_an_entry_for_each():
 
 
 def _fresh_dicts(rank, world):
-    import accord
     for step in range(4):
         # new arrays in a new dict each call, as module.state_dict() gives
         state = _state(rank)
-        if rank == 0:
-            _fill(state, step)
-        accord.broadcast_state(state, src=0)
-        _check(state, step)
+        _sync(state, rank, step)
         del state
     return _entries()
 
