@@ -32,7 +32,15 @@ How it goes, on every rank of the group:
 A plain dict synced again, holding the same contiguous tensors unchanged, skips
 step 1 and the layout planning: flat_state.py remembers them (weakly) and moves
 the bytes by address, with the same buckets, pieces and stamps, so ranks may take
-either path in one call. Step 2 runs on every call.
+either path in one call. Step 2 runs on every call. Where every rank has such an
+entry and every pair may copy between memories (shared memory with
+cross-memory attach), each rank's word in the step-2 agreement also carries
+where its tensors are, and a bucket is copied tensor to tensor with no packing:
+at world 2 the receiver reads the front half of the bucket's bytes out of the
+root's tensors while the root writes the back half into the receiver's (a few
+system calls for the whole bucket, `copy_segments` in algorithms/single_copy.py);
+beyond two ranks each receiver reads a bucket of 1 MiB or more itself, and a
+smaller one still goes through the rings.
 """
 from __future__ import annotations
 
@@ -47,6 +55,8 @@ import numpy as np
 from . import api, flat_state, objects, plans
 from .args import root_rank
 from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
+from .algorithms.single_copy import (copy_segments, segment_batches, segment_ranges,
+                                     segments_applies, segments_worth)
 from .algorithms.table import choose
 from .buffers import BF16_CODE
 from .errors import Desync
@@ -177,41 +187,50 @@ def _digest(sig):
 
 
 _U1 = np.dtype(np.uint8)
-_ROW = 17                # a rank's word in the agreement: error flag, structure digest
+_KEY = 17                # a rank's word in the agreement: error flag, structure digest,
+_ROW = _KEY + 16         # then its flat_state entry's address word (or zeros)
+_NO_ADDRESS = bytes(16)
 
 
-def _agree(g, root, digest, failed, timeout, explain):
+def _agree(g, root, digest, failed, timeout, explain, entry=None):
     """Raise StateMismatch on every rank unless every rank's structure equals root's.
 
     digest: this rank's structure digest; failed: a leaf of this rank cannot be sent;
     explain() -> (signature, leaf errors), called only on a mismatch, to say where.
-    One all_gather of 17 bytes a rank, made from its parts rather than through the
-    api (whose argument checks cost more than the exchange at world 2)."""
-    row = (b"\x01" if failed else b"\x00") + digest
+    entry: this rank's flat_state entry, when it has one: its address word goes with
+    the digest where every pair of ranks may copy between memories.
+    One all_gather of 33 bytes a rank, made from its parts rather than through the
+    api (whose argument checks cost more than the exchange at world 2). Returns the
+    gathered table (bytes), from which flat_state.tokens tells whether every rank
+    sent its address word."""
+    head = (b"\x01" if failed else b"\x00") + digest
     table = bytearray(_ROW * g.size)
     if g.hier is not None:
         out = np.frombuffer(table, np.uint8)
-        api.all_gather_into_tensor(out, np.frombuffer(row, np.uint8), group=g,
-                                   timeout=timeout)
+        api.all_gather_into_tensor(out, np.frombuffer(head + _NO_ADDRESS, np.uint8),
+                                   group=g, timeout=timeout)
     else:
         mv = memoryview(table)
         blocks = [mv[i * _ROW:(i + 1) * _ROW] for i in range(g.size)]
         total = len(table)
         forced = g.options.algorithms
+        row = [head + _NO_ADDRESS]
 
         def own():
-            blocks[g.rank][:] = row
+            blocks[g.rank][:] = row[0]
 
         def body(c):
             if c is None:
                 own()
             else:
-                choose("all_gather", total, c, forced)(c, blocks, row, own)
+                if entry is not None and segments_applies(c):
+                    row[0] = head + entry.address_word()
+                choose("all_gather", total, c, forced)(c, blocks, row[0], own)
         plans.run(g, "all_gather", body, False, timeout,
                   (-1, _U1.num, 0, total, "uint8", (_ROW,)))
-    theirs = bytes(table[root * _ROW:(root + 1) * _ROW])
-    if theirs[0] == 0 and table == theirs * g.size:
-        return
+    key = bytes(table[root * _ROW:root * _ROW + _KEY])
+    if key[0] == 0 and all(table[r * _ROW:r * _ROW + _KEY] == key for r in range(g.size)):
+        return bytes(table)
     sig, errors = explain()
     everyone = [None] * g.size
     objects.all_gather_object(everyone, (sig, errors), group=g, timeout=timeout)
@@ -290,10 +309,14 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
         # the same dict of the same tensors as last time (flat_state.py)
         e, vals = flat_state.lookup(g, obj, bucket_bytes, is_root)
         if e is not None:
-            _agree(g, root, e.digest, False, timeout,
-                   lambda: _explain(flatten(obj, writable=not is_root)))
-            for b in e.buckets:
-                _broadcast_flat(g, root, b, timeout)
+            table = _agree(g, root, e.digest, False, timeout,
+                           lambda: _explain(flatten(obj, writable=not is_root)), e)
+            words = flat_state.tokens(table, _ROW, _KEY)
+            for i, b in enumerate(e.buckets):
+                if words is not None and segments_worth(g.size, b.total):
+                    _copy_flat(g, root, e, i, words, timeout)
+                else:
+                    _broadcast_flat(g, root, b, timeout)
             return obj
     module = obj if _is_module(obj) else None
     tree = module.state_dict() if module is not None else obj
@@ -355,6 +378,22 @@ def _broadcast_flat(g, root, bucket, timeout):
                 fn(c, bucket.pieces, root, after=hook)
     return plans.run(g, "broadcast", body, False, timeout,
                      (root, bucket.code, 0, total, bucket.name, None))
+
+
+def _copy_flat(g, root, e, i, words, timeout):
+    """Bucket i of entry e when every rank has an entry and may copy between memories:
+    no packing, each receiver's tensors copied straight from the root's (or, at world
+    2, half of them written by the root), a few system calls for the whole bucket."""
+    b = e.buckets[i]
+    is_root = g.rank == root
+
+    def body(c):
+        copy_segments(c, root, e.batches(c, root, i, words,
+                                         lambda total: segment_ranges(c.size, c.rank,
+                                                                      root, total),
+                                         segment_batches))
+    return plans.run(g, "broadcast", body, False, timeout,
+                     (root, b.code, 0, b.total, b.name, None))
 
 
 SMALL_BYTES = 64 << 10     # tensors below this are packed; larger ones move in place

@@ -1,6 +1,6 @@
 """Synchronising a model: broadcast_state vs a per-tensor broadcast loop vs gloo's loop.
 
-    .venv/bin/python benchmarks/bench_state.py [-n 2,4] [--repeat 15] [--out FILE]
+    .venv/bin/python benchmarks/bench_state.py [-n 2,4] [--repeat 15] [--calls K] [--out FILE]
 
 A state dict of 100 float32 tensors, about 50 MiB in all (sizes from 4 KiB to
 2 MiB, geometric), is sent from rank 0 to every rank; then one of 1000 tensors,
@@ -13,8 +13,15 @@ about 10 MiB (sizes from 0.5 KiB to 128 KiB: where per-call costs dominate):
 
 All four run in the same processes, interleaved (each round starting one method later), each timed `--repeat` times
 after two warm-up rounds; a round's time is the slowest rank's (barrier
-before, max over ranks after); the table shows the median. Each world size is
-one `accord run -n N` of this file with --worker.
+before, max over ranks after) for --calls back-to-back calls, divided by
+--calls; the table shows the median. Each world size is one `accord run -n N`
+of this file with --worker.
+
+--calls (default 1; 10 with --small): one call alone after a barrier also
+times the barrier's wake-up (the last rank to arrive wakes the others, which
+on an idle core can take tens of µs), a constant added to every method that
+hides their differences at small states; back-to-back calls time what a
+training loop that syncs often sees, as `accord bench` times blocks of calls.
 
 --small runs small states instead, where fixed costs decide: 10, 30, 81 and
 300 float32 tensors of 128 B to 128 KiB (geometric sizes), with one more
@@ -57,7 +64,7 @@ def make_state(rank, n=100, total=50 * MiB):
     return sd
 
 
-def worker(repeat, small=False):
+def worker(repeat, small=False, calls=1):
     import torch
     import torch.distributed as tdist
 
@@ -70,7 +77,8 @@ def worker(repeat, small=False):
                              rank=rank, world_size=world)
     for n, total in (SMALL_CONFIGS if small else CONFIGS):
         sd = make_state(rank, n, total)
-        run_config(sd, make_state(0, n, total), rank, world, repeat, tdist, torch, accord)
+        run_config(sd, make_state(0, n, total), rank, world, repeat, tdist, torch, accord,
+                   calls)
     tdist.destroy_process_group()
     accord.destroy_process_group()
 
@@ -79,7 +87,7 @@ CONFIGS = [(100, 50 * MiB), (1000, 10 * MiB)]
 SMALL_CONFIGS = [(n, (128, 128 << 10)) for n in (10, 30, 81, 300)]
 
 
-def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
+def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
     nbytes = sum(t.numel() * 4 for t in sd.values())
     n = len(sd)
 
@@ -136,8 +144,9 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
             reset()
             accord.barrier()
             t0 = time.perf_counter()
-            fn()
-            slowest[0] = time.perf_counter() - t0
+            for _ in range(calls):
+                fn()
+            slowest[0] = (time.perf_counter() - t0) / calls
             accord.all_reduce(slowest, op=accord.ReduceOp.MAX)
             if it >= 2:
                 times[name].append(float(slowest[0]))
@@ -145,11 +154,14 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord):
                 (check_one if fn is one else check)(name)
     if rank == 0:
         print("RESULT " + json.dumps({"world": world, "nbytes": nbytes, "tensors": n,
-                                      "times": times}), flush=True)
+                                      "calls": calls, "times": times}), flush=True)
 
 
 def table(results, command):
+    calls = sorted({res.get("calls", 1) for res in results})
     lines = [f"`{command}`", "",
+             f"time per sync: the median round's slowest rank, {'/'.join(map(str, calls))} "
+             f"back-to-back call(s) a round", "",
              "| world | state dict | method | time per sync (ms, median) | GB/s | vs gloo loop "
              "| vs accord loop |",
              "|---:|---|---|---:|---:|---:|---:|"]
@@ -175,10 +187,13 @@ def main():
                          "state-small.md with --small)")
     ap.add_argument("--small", action="store_true",
                     help="small states (10-300 tensors of 128 B-128 KiB) instead")
+    ap.add_argument("--calls", type=int, default=None,
+                    help="back-to-back calls per timed round (default 1; 10 with --small)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    calls = args.calls or (10 if args.small else 1)
     if args.worker:
-        worker(args.repeat, args.small)
+        worker(args.repeat, args.small, calls)
         return 0
     command = "python benchmarks/bench_state.py " + " ".join(sys.argv[1:])
     env = dict(os.environ)
@@ -188,7 +203,8 @@ def main():
     load0 = os.getloadavg()
     for n in [int(x) for x in args.n.split(",")]:
         cmd = [sys.executable, "-m", "accord", "run", "-n", str(n), os.path.abspath(__file__),
-               "--worker", "--repeat", str(args.repeat)] + (["--small"] if args.small else [])
+               "--worker", "--repeat", str(args.repeat), "--calls", str(calls)] + \
+            (["--small"] if args.small else [])
         print("running: " + " ".join(cmd[1:]), flush=True)
         out = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
         sys.stdout.write("".join(l + "\n" for l in out.stdout.splitlines()

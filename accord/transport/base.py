@@ -42,12 +42,20 @@ class PeerMemory(Protocol):
     flag reads words all ranks share, so every rank reaches the same answer."""
     everywhere: bool        # every pair of the group may read and write each other
     min_bytes: int          # ACCORD_SHM_CMA: below this, copies go through the rings
+    max_segments: int       # the most segments read_segments / write_segments take
 
     def usable(self, peer: int) -> bool: ...
     def address(self, view: memoryview) -> int: ...
+    def segments(self, pairs) -> object:
+        """(address, length) pairs as the segment array read_segments takes."""
     def read(self, peer: int, local: int, remote: int, n: int) -> None:
         """Copy n bytes from the peer's address remote to local; PeerLost on failure."""
     def write(self, peer: int, local: int, remote: int, n: int) -> None: ...
+    def read_segments(self, peer: int, local, remote, count: int, n: int) -> None:
+        """read() between scattered buffers: n bytes from the peer's segments `remote`
+        into this rank's `local`, both arrays of `count` segments (segments()); one
+        system call. PeerLost on failure."""
+    def write_segments(self, peer: int, local, remote, count: int, n: int) -> None: ...
     def post_claim(self, peer: int, value: int) -> None:
         """Publish this side's claim in a split copy with peer, then fence."""
     def peer_claim(self, peer: int) -> int: ...

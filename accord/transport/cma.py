@@ -64,6 +64,34 @@ def write(pid, local_addr, remote_addr, n):
     read(pid, local_addr, remote_addr, n, _writev)
 
 
+IOV_MAX = 1024          # Linux's limit on the iovecs of one call (UIO_MAXIOV)
+
+
+def iovecs(pairs):
+    """A ctypes array of iovecs for (address, length) pairs (at most IOV_MAX)."""
+    pairs = list(pairs)
+    return (_Iovec * len(pairs))(*pairs)
+
+
+def read_segments(pid, local, remote, count, n, _call=None):
+    """Copy n bytes from pid's memory at the segments of iovec array remote into the
+    segments of local (both of `count` entries; the two sides are byte streams, so
+    their cuts need not line up): one system call, where a buffer per tensor would
+    take one each. OSError on failure or a short copy."""
+    call = _call or _readv
+    got = call(pid, local, count, remote, count, 0)
+    if got != n:
+        e = ctypes.get_errno() if got < 0 else 0
+        name = "process_vm_writev to" if call is _writev else "process_vm_readv from"
+        raise OSError(e, f"{name} pid {pid}: " +
+                      (os.strerror(e) if got < 0 else f"copied {got} of {n} bytes"))
+
+
+def write_segments(pid, local, remote, count, n):
+    """read_segments the other way: local's bytes into remote's segments in pid."""
+    read_segments(pid, local, remote, count, n, _writev)
+
+
 def probe(pid, remote_addr, expected):
     """True if this process may read pid's memory (and reads `expected`, 8 bytes, there)."""
     if not AVAILABLE:

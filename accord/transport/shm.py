@@ -1095,6 +1095,8 @@ class ShmPeerMemory:
         return link.cma_out and link.cma_in
 
     address = staticmethod(cma.address)
+    segments = staticmethod(cma.iovecs)
+    max_segments = cma.IOV_MAX
 
     def read(self, peer, local, remote, n):
         self._copy(cma.read, peer, local, remote, n, "read from")
@@ -1102,10 +1104,19 @@ class ShmPeerMemory:
     def write(self, peer, local, remote, n):
         self._copy(cma.write, peer, local, remote, n, "written to")
 
-    def _copy(self, fn, peer, local, remote, n, verb):
+    def read_segments(self, peer, local, remote, count, n):
+        self._copy(cma.read_segments, peer, local, remote, n, "read from", count)
+
+    def write_segments(self, peer, local, remote, count, n):
+        self._copy(cma.write_segments, peer, local, remote, n, "written to", count)
+
+    def _copy(self, fn, peer, local, remote, n, verb, count=None):
         t = self._t
         try:
-            fn(t.links[peer].pid, local, remote, n)
+            if count is None:
+                fn(t.links[peer].pid, local, remote, n)
+            else:
+                fn(t.links[peer].pid, local, remote, count, n)
         except OSError as e:
             # a peer that aborted (another rank died, say) and exited is gone for that
             # reason: report it, not the missing process

@@ -1,0 +1,217 @@
+"""broadcast_state synced again over shared memory: each receiver's tensors copied
+straight out of the root's (process_vm_readv / writev over lists of segments), no
+packing. Every rank must end with the root's bytes, whichever path each call takes,
+however the dicts change between calls."""
+import gc
+
+import numpy as np
+import pytest
+
+from tests.harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class _paths:
+    """with _paths() as took: ... -- "address" or "ring" for every bucket of every
+    repeated call (the general path, a dict seen for the first time, adds neither)."""
+
+    def __enter__(self):
+        from accord import state
+        self.state = state
+        self.saved = state.copy_segments, state._broadcast_flat
+        took = self.took = []
+
+        def by_address(*args, _fn=state.copy_segments):
+            took.append("address")
+            return _fn(*args)
+
+        def by_ring(*args, _fn=state._broadcast_flat):
+            took.append("ring")
+            return _fn(*args)
+        state.copy_segments, state._broadcast_flat = by_address, by_ring
+        return took
+
+    def __exit__(self, *exc):
+        self.state.copy_segments, self.state._broadcast_flat = self.saved
+
+
+def _fill(state, step, src=0):
+    for i, (k, v) in enumerate(state.items()):
+        v[...] = (np.arange(v.size).reshape(v.shape) % 251 + 7 * step + i + 1000 * src
+                  ).astype(v.dtype)
+
+
+def _check(state, step, src=0):
+    want = {k: np.empty_like(v) for k, v in state.items()}
+    _fill(want, step, src)
+    for k, v in state.items():
+        np.testing.assert_array_equal(v, want[k], err_msg=f"{k} at step {step}")
+
+
+def _sync(state, rank, step, src=0, **kwargs):
+    import accord
+    if rank == src:
+        _fill(state, step, src)
+    accord.broadcast_state(state, src=src, **kwargs)
+    _check(state, step, src)
+
+
+def _state(n=12, dtype=np.float32, start=3):
+    # 3 elements to 40000 (160 KiB): ones the ring path packs and ones it sends in place
+    return {f"p{i}": np.full(int(start * 1.9 ** i), -1, dtype) for i in range(n)}
+
+
+def _steady(rank, world, state_fn, steps, kwargs):
+    state = state_fn()
+    with _paths() as took:
+        for step in range(steps):
+            _sync(state, rank, step, **kwargs)
+    return took
+
+
+def _mixed():
+    s = _state(8)
+    s.update({"ids": np.full(5000, -1, np.int64), "half": np.full(3001, -1, np.float16),
+              "empty": np.zeros(0, np.float32), "flags": np.zeros(33, np.uint8)})
+    return s
+
+
+def _many():
+    # more tensors than one system call takes (1024 segments), of odd sizes
+    return {f"t{i:04d}": np.full(1 + i % 13, -1, np.float32) for i in range(2500)}
+
+
+@pytest.mark.parametrize("state_fn,kwargs", [
+    (_state, {}),
+    (_mixed, {}),                          # dtype buckets, an empty tensor
+    (_mixed, {"bucket_bytes": 16 << 10}),  # ... and several buckets of one dtype
+    (_many, {}),
+], ids=["one-bucket", "dtypes", "small-buckets", "2500-tensors"])
+def test_two_ranks_copy_every_bucket_by_address_once_the_dict_is_known(state_fn, kwargs):
+    took = run_ranks(2, _steady, state_fn, 5, kwargs)
+    n = len(took[0]) // 3
+    # calls 1 and 2 learn the dict (general path); calls 3-5 copy by address
+    assert took[0] == took[1] == ["address"] * n * 3 and n >= 1, took
+
+
+def test_without_single_copy_the_repeated_sync_goes_through_the_ring():
+    took = run_ranks(2, _steady, _state, 4, {}, env={"ACCORD_SHM_CMA": "0"})
+    assert took == [["ring", "ring"]] * 2
+
+
+def test_over_tcp_the_repeated_sync_goes_through_the_ring():
+    took = run_ranks(2, _steady, _state, 4, {}, env={"ACCORD_TRANSPORT": "tcp"})
+    assert took == [["ring", "ring"]] * 2
+
+
+def _wide(rank, world):
+    # a float32 bucket of 2 MiB (by address beyond two ranks) and a small int64 one
+    # (through the rings: the receivers' acknowledgements cost more there)
+    state = {"w": np.full(1 << 19, -1, np.float32), "b": np.full(300, -1, np.int64),
+             "v": np.full(77, -1, np.float32)}
+    with _paths() as took:
+        for step in range(4):
+            _sync(state, rank, step)
+    return took
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_beyond_two_ranks_a_large_bucket_goes_by_address_a_small_one_by_ring(world):
+    took = run_ranks(world, _wide)
+    assert took == [["ring", "address"] * 2] * world, took     # buckets: int64 first
+
+
+def _roots_take_turns(rank, world):
+    state = _state()
+    for step in range(8):
+        _sync(state, rank, step, src=step % world)
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_root_may_change_from_call_to_call(world):
+    # each rank holds an entry per role; a receiver's view of a root is per root
+    assert run_ranks(world, _roots_take_turns) == ["ok"] * world
+
+
+def _receiver_replaces_a_tensor(rank, world):
+    """A receiver swaps a tensor for a new one and frees the old: the root must not
+    write where it used to be (it reads the receiver's new layout once it is known)."""
+    state = _state()
+    with _paths() as took:
+        for step in range(8):
+            if step == 3 and rank == world - 1:
+                state["p9"] = np.full(state["p9"].shape, -1, np.float32)
+                state["p11"] = np.full(state["p11"].shape, -1, np.float32)
+                gc.collect()
+            if step == 5 and rank == 0:
+                state["p10"] = state["p10"].copy()      # and the root, later
+                gc.collect()
+            _sync(state, rank, step)
+    return took
+
+
+def test_a_replaced_tensor_on_any_rank_is_never_written_at_its_old_address():
+    took = run_ranks(2, _receiver_replaces_a_tensor)
+    # steps 2, then 5 and 6 (the receiver learns its new dict at 3 and 4; the root at 5
+    # and 6, where the receiver falls back with it), then 7
+    assert took[0][-1] == took[1][-1] == "address", took
+    assert took[0].count("address") == took[1].count("address") >= 2, took
+
+
+def _mismatch(rank, world):
+    import accord
+    from accord.state import StateMismatch
+    state = _state(6)
+    accord.broadcast_state(state, src=0)
+    accord.broadcast_state(state, src=0)
+    accord.broadcast_state(state, src=0)          # by address on both ranks
+    if rank == 1:
+        state["p2"] = np.zeros(state["p2"].size + 1, np.float32)
+    try:
+        accord.broadcast_state(state, src=0)
+    except StateMismatch as e:
+        msg = str(e)
+    else:
+        msg = None
+    t = np.full(1, rank, np.int64)
+    accord.broadcast(t, src=0)                    # the group is still usable
+    assert t[0] == 0
+    return msg
+
+
+def test_a_mismatch_after_syncs_by_address_raises_on_both_ranks():
+    msgs = run_ranks(2, _mismatch, timeout=30)
+    for m in msgs:
+        assert m is not None and "['p2']: rank 1 has a float32 tensor of shape [11]" in m, m
+
+
+def _torch_dict(rank, world):
+    import torch
+
+    import accord
+    g = torch.Generator().manual_seed(3)
+    sd = {"w": torch.zeros(300, 7), "b": torch.zeros(7, dtype=torch.bfloat16),
+          "big": torch.zeros(70_000), "n": torch.zeros(3, dtype=torch.int64),
+          "p": torch.nn.Parameter(torch.zeros(40), requires_grad=False)}
+    out = []
+    with _paths() as took:
+        for step in range(5):
+            if rank == 0:
+                with torch.no_grad():
+                    for t in sd.values():
+                        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype) * (step + 1))
+            accord.broadcast_state(sd, src=0)
+            out.append({k: v.detach().float().numpy().copy() for k, v in sd.items()})
+    return out, took
+
+
+def test_torch_tensors_and_parameters_by_address():
+    pytest.importorskip("torch")
+    res = run_ranks(2, _torch_dict)
+    for step in range(5):
+        for k in res[0][0][step]:
+            np.testing.assert_array_equal(res[1][0][step][k], res[0][0][step][k],
+                                          err_msg=f"{k} at step {step}")
+    assert res[0][1] == res[1][1] and set(res[0][1]) == {"address"}, res[0][1]
