@@ -192,19 +192,22 @@ _ROW = _KEY + 16         # then its flat_state entry's address word (or zeros)
 _NO_ADDRESS = bytes(16)
 
 
-def _agree(g, root, digest, failed, timeout, explain, entry=None):
+def _agree(g, root, digest, failed, timeout, explain, entry=None, then=None):
     """Raise StateMismatch on every rank unless every rank's structure equals root's.
 
     digest: this rank's structure digest; failed: a leaf of this rank cannot be sent;
     explain() -> (signature, leaf errors), called only on a mismatch, to say where.
     entry: this rank's flat_state entry, when it has one: its address word goes with
     the digest where every pair of ranks may copy between memories.
+    then(c, table) -> bool: run in the same call once the structures agree (so
+    moving the bytes costs no call of its own); whether it moved them.
     One all_gather of 33 bytes a rank, made from its parts rather than through the
-    api (whose argument checks cost more than the exchange at world 2). Returns the
-    gathered table (bytes), from which flat_state.tokens tells whether every rank
-    sent its address word."""
+    api (whose argument checks cost more than the exchange at world 2), the call
+    named broadcast_state. Returns (the gathered table, what `then` returned): from
+    the table flat_state.tokens tells whether every rank sent its address word."""
     head = (b"\x01" if failed else b"\x00") + digest
     table = bytearray(_ROW * g.size)
+    moved = [False]
     if g.hier is not None:
         out = np.frombuffer(table, np.uint8)
         api.all_gather_into_tensor(out, np.frombuffer(head + _NO_ADDRESS, np.uint8),
@@ -222,15 +225,16 @@ def _agree(g, root, digest, failed, timeout, explain, entry=None):
         def body(c):
             if c is None:
                 own()
-            else:
-                if entry is not None and segments_applies(c):
-                    row[0] = head + entry.address_word()
-                choose("all_gather", total, c, forced)(c, blocks, row[0], own)
-        plans.run(g, "all_gather", body, False, timeout,
+                return
+            if entry is not None and segments_applies(c):
+                row[0] = head + entry.address_word()
+            choose("all_gather", total, c, forced)(c, blocks, row[0], own)
+            if then is not None and _agreed(table, root, g.size):
+                moved[0] = then(c, bytes(table))
+        plans.run(g, "broadcast_state", body, False, timeout,
                   (-1, _U1.num, 0, total, "uint8", (_ROW,)))
-    key = bytes(table[root * _ROW:root * _ROW + _KEY])
-    if key[0] == 0 and all(table[r * _ROW:r * _ROW + _KEY] == key for r in range(g.size)):
-        return bytes(table)
+    if _agreed(table, root, g.size):
+        return bytes(table), moved[0]
     sig, errors = explain()
     everyone = [None] * g.size
     objects.all_gather_object(everyone, (sig, errors), group=g, timeout=timeout)
@@ -248,6 +252,11 @@ def _agree(g, root, digest, failed, timeout, explain, entry=None):
     raise StateMismatch(f"broadcast_state on rank {g.global_rank}: cannot make the state equal "
                         f"src rank {src_rank}'s (nothing was sent)" +
                         (f"; this rank: {mine}" if mine else "") + f":\n  {lines}")
+
+
+def _agreed(table, root, size):
+    key = table[root * _ROW:root * _ROW + _KEY]
+    return key[0] == 0 and all(table[r * _ROW:r * _ROW + _KEY] == key for r in range(size))
 
 
 def _replace(tree, path, value):
@@ -309,8 +318,11 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
         # the same dict of the same tensors as last time (flat_state.py)
         e, vals = flat_state.lookup(g, obj, bucket_bytes, is_root)
         if e is not None:
-            table = _agree(g, root, e.digest, False, timeout,
-                           lambda: _explain(flatten(obj, writable=not is_root)), e)
+            table, moved = _agree(g, root, e.digest, False, timeout,
+                                  lambda: _explain(flatten(obj, writable=not is_root)), e,
+                                  lambda c, table: _copy_all(c, root, e, table))
+            if moved:
+                return obj
             words = flat_state.tokens(table, _ROW, _KEY)
             for i, b in enumerate(e.buckets):
                 if words is not None and segments_worth(g.size, b.total):
@@ -380,20 +392,33 @@ def _broadcast_flat(g, root, bucket, timeout):
                      (root, bucket.code, 0, total, bucket.name, None))
 
 
-def _copy_flat(g, root, e, i, words, timeout):
-    """Bucket i of entry e when every rank has an entry and may copy between memories:
-    no packing, each receiver's tensors copied straight from the root's (or, at world
-    2, half of them written by the root), a few system calls for the whole bucket."""
-    b = e.buckets[i]
-    is_root = g.rank == root
+def _copy_bucket(c, root, e, i, words):
+    """Bucket i of entry e, every rank holding an entry and free to copy between
+    memories: no packing, each receiver's tensors copied straight from the root's
+    (at world 2 the root writes half of them), a few system calls for the bucket."""
+    copy_segments(c, root, e.batches(c, root, i, words,
+                                     lambda total: segment_ranges(c.size, c.rank, root,
+                                                                  total),
+                                     segment_batches))
 
-    def body(c):
-        copy_segments(c, root, e.batches(c, root, i, words,
-                                         lambda total: segment_ranges(c.size, c.rank,
-                                                                      root, total),
-                                         segment_batches))
-    return plans.run(g, "broadcast", body, False, timeout,
-                     (root, b.code, 0, b.total, b.name, None))
+
+def _copy_all(c, root, e, table):
+    """Inside the agreement's call: every bucket by address where each goes that way
+    (the same answer on every rank: it reads the table they all hold); whether it did."""
+    words = flat_state.tokens(table, _ROW, _KEY)
+    if words is None or not all(segments_worth(c.size, b.total) for b in e.buckets):
+        return False
+    for i in range(len(e.buckets)):
+        _copy_bucket(c, root, e, i, words)
+    return True
+
+
+def _copy_flat(g, root, e, i, words, timeout):
+    """_copy_bucket as a call of its own (beyond two ranks, beside buckets that go
+    through the rings)."""
+    b = e.buckets[i]
+    return plans.run(g, "broadcast", lambda c: _copy_bucket(c, root, e, i, words), False,
+                     timeout, (root, b.code, 0, b.total, b.name, None))
 
 
 SMALL_BYTES = 64 << 10     # tensors below this are packed; larger ones move in place

@@ -35,7 +35,7 @@ KINDS = (COLL, P2P, ABORT, BYE)
 NO_DTYPE = 255           # calls that carry no tensor (barrier)
 
 OP_NAMES = ("none", "broadcast", "all_gather", "gather", "scatter", "reduce", "all_reduce",
-            "reduce_scatter", "all_to_all", "barrier", "send", "signature")
+            "reduce_scatter", "all_to_all", "barrier", "send", "signature", "broadcast_state")
 OP_CODES = {name: i for i, name in enumerate(OP_NAMES)}
 OP_SEND = OP_CODES["send"]       # the op of every tagged (point-to-point) message
 
