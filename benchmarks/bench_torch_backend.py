@@ -20,6 +20,11 @@ repeats, so a burst of outside load does not land on one library only):
 The last table compares torch-accord with accord at 8 bytes: the cost of
 going through torch's Python layer and the backend adapter.
 
+With --paired, `torch-bare` may run beside them too: torch's functions over a
+ProcessGroup whose methods do nothing but call accord's (no argument checks,
+no options read but the root, no Work): the least any backend written in
+Python can cost under torch's layer, so its ratio is torch's own share.
+
 --paired (the way to measure that cost on a shared, noisy machine) runs
 torch-accord and accord side by side instead of one after the other: both
 are initialized together in the same rank processes (two accord groups over
@@ -42,7 +47,7 @@ sys.path.insert(0, ROOT)
 
 SIZES = [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 OPS = ["broadcast", "all_gather", "scatter", "all_reduce"]
-LIBS = ["torch-gloo", "torch-accord", "accord"]
+LIBS = ["torch-gloo", "torch-accord", "accord"]      # and torch-bare, with --paired
 FIELDS = ["lib", "world", "op", "size_bytes", "lat_us", "algbw_GBps", "busbw_GBps", "op_p50_us",
           "blk_min_us", "iters", "blocks", "repeats"]
 
@@ -71,7 +76,88 @@ def parse_size(text):
     return int(text.rstrip("KMG")) * mult
 
 
+_BARE = {}
+
+
+def _bare_group(rank, world):
+    """torch-bare: a torch group over the accord group of torch's default (accord) group,
+    registered as backend "accord-bare", that does nothing but call accord."""
+    import torch.distributed as dist
+
+    import accord
+    _BARE["g"] = dist.group.WORLD.accord_group     # this repeat's
+
+    class Bare(dist.ProcessGroup):
+        def __init__(self):
+            super().__init__(rank, world)
+            self.g = _BARE["g"]
+
+        def rank(self):
+            return rank
+
+        def size(self):
+            return world
+
+        def getBackendName(self):
+            return "accord-bare"
+
+        def setGroupName(self, name):
+            self._name = name
+
+        def getGroupName(self):
+            return self._name
+
+        def broadcast(self, tensors, opts):
+            accord.broadcast(tensors[0], group_src=opts.rootRank, group=self.g)
+
+        def allreduce(self, tensors, opts):
+            accord.all_reduce(tensors[0], group=self.g)
+
+        def allgather(self, outs, ins, opts):
+            accord.all_gather(outs[0], ins[0], group=self.g)
+
+        def scatter(self, outs, ins, opts):
+            accord.scatter(outs[0], ins[0] if ins else None, group_src=opts.rootRank, group=self.g)
+
+        def barrier(self, opts=None):
+            accord.barrier(group=self.g)
+
+    if "accord-bare" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("accord-bare", lambda *a: Bare(), devices=["cpu"])
+    pg = dist.new_group(list(range(world)), backend="accord-bare")
+
+    class D:                   # torch's functions on the bare group
+        ReduceOp = dist.ReduceOp
+
+        @staticmethod
+        def broadcast(t, src):
+            dist.broadcast(t, src, group=pg)
+
+        @staticmethod
+        def all_gather(outs, t):
+            dist.all_gather(outs, t, group=pg)
+
+        @staticmethod
+        def scatter(t, lst, src):
+            dist.scatter(t, lst, src=src, group=pg)
+
+        @staticmethod
+        def all_reduce(t, op):
+            dist.all_reduce(t, op=op, group=pg)
+
+        @staticmethod
+        def barrier():
+            dist.barrier(group=pg)
+
+        @staticmethod
+        def destroy_process_group():
+            dist.destroy_process_group(pg)
+    return D
+
+
 def _init(lib, rank, world, path):
+    if lib == "torch-bare":
+        return _bare_group(rank, world)
     if lib == "accord":
         import accord
         accord.init_process_group(init_method=f"file://{path}", rank=rank, world_size=world,
@@ -95,8 +181,8 @@ def _fns(D, x, gl, sc, y, z):
 def _bench_libs(libs, rank, world, sizes, ops):
     """libs: [(name, D)], one library or two side by side (their blocks alternate).
 
-    Returns (rows, ratios): ratios[(op, size)] are the per-block-pair ratios
-    first/second (max over ranks of each block), when two libraries run."""
+    Returns (rows, ratios): ratios[(lib, op, size)] are the per-block ratios of lib
+    to the last library (max over ranks of each block), when several run."""
     import torch
     rows, ratios = [], {}
     D0 = libs[0][1]
@@ -141,8 +227,8 @@ def _bench_libs(libs, rank, world, sizes, ops):
                 blks.append(blk)
                 rows.append((lib, world, op, size, statistics.median(blk), p50, min(blk), iters,
                              blocks))
-            if len(fns) == 2:
-                ratios[(op, size)] = [a / b for a, b in zip(*blks)]
+            for (lib, _, _), blk in zip(fns[:-1], blks[:-1]):
+                ratios[(lib, op, size)] = [a / b for a, b in zip(blk, blks[-1])]
     return rows, ratios
 
 
@@ -155,9 +241,11 @@ def worker(rank, world, tmp, sizes, ops, repeat, libs, paired, queue):
     import accord.torch  # noqa: F401  registers the backend
     out, ratios = [], []
     n = 0
-    runs = [[lib] for lib in libs if not (paired and lib in PAIR)]
+    together = list(PAIR) + (["torch-bare"] if "torch-bare" in libs else [])
+    runs = [[lib] for lib in libs if not (paired and lib in together)]
     if paired:
-        runs.append(list(PAIR))
+        # torch-accord first (it makes torch's default group), accord last (the reference)
+        runs.append([lib for lib in ("torch-accord", "torch-bare", "accord") if lib in together])
     for rep in range(repeat):
         for run in runs:
             Ds = []
@@ -166,7 +254,7 @@ def worker(rank, world, tmp, sizes, ops, repeat, libs, paired, queue):
                 Ds.append((lib, _init(lib, rank, world, os.path.join(tmp, f"store{n}"))))
             rows, r = _bench_libs(Ds, rank, world, sizes, ops)
             out += rows
-            ratios += [(op, size, rep, blk) for (op, size), blk in r.items()]
+            ratios += [(lib, op, size, rep, blk) for (lib, op, size), blk in r.items()]
             for _, D in reversed(Ds):
                 D.barrier()
                 D.destroy_process_group()
@@ -204,10 +292,11 @@ def _fmt_size(n):
 
 
 def summarize_pairs(ratios):
-    """(op, size) -> (median of every block ratio, lowest and highest per-repeat median)."""
+    """(lib, op, size) -> (median of every block ratio to accord, lowest and highest
+    per-repeat median)."""
     by = {}
-    for op, size, rep, blk in ratios:
-        by.setdefault((op, size), []).append(blk)
+    for lib, op, size, rep, blk in ratios:
+        by.setdefault((lib, op, size), []).append(blk)
     return {key: (statistics.median(r for blk in reps for r in blk),
                   min(statistics.median(blk) for blk in reps),
                   max(statistics.median(blk) for blk in reps)) for key, reps in by.items()}
@@ -236,23 +325,32 @@ def markdown(rows, world, libs, command, pairs=None):
                 cells.append(f"{g['lat_us'] / a['lat_us']:.2f}x" if g and a else "-")
             lines.append("| " + " | ".join(cells) + " |")
     if "accord" in libs and "torch-accord" in libs and 8 in sizes:
-        lines += ["", "overhead of the torch path at 8 bytes (target: within 1.5x of accord "
+        bare = "torch-bare" in libs and pairs and any(k[0] == "torch-bare" for k in pairs)
+        lines += ["", "overhead of the torch path at 8 bytes (target: at most 1.3x accord "
                   "called directly)", ""]
         if pairs:
-            lines += ["paired: blocks alternate between the two in the same processes; "
+            lines += ["paired: blocks alternate between them in the same processes; "
                       "ratio = median over every block pair, spread = lowest/highest "
-                      "per-repeat median", "",
-                      "| op | torch-accord µs | accord µs | ratio | spread |",
-                      "|---|---|---|---|---|"]
+                      "per-repeat median" + ("; torch-bare: torch's functions over a group "
+                                             "that only calls accord (torch's own share)"
+                                             if bare else ""), ""]
+            head = ["op", "torch-accord µs", "accord µs", "ratio", "spread"]
+            if bare:
+                head += ["torch-bare µs", "torch-bare ratio", "spread"]
+            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         else:
             lines += ["| op | torch-accord µs | accord µs | ratio |", "|---|---|---|---|"]
         for op in ops:
             t, a = by.get(("torch-accord", op, 8)), by.get(("accord", op, 8))
             if t and a:
                 line = f"| {op} | {t['lat_us']:.1f} | {a['lat_us']:.1f} | "
-                if pairs and (op, 8) in pairs:
-                    med, lo, hi = pairs[(op, 8)]
+                if pairs and ("torch-accord", op, 8) in pairs:
+                    med, lo, hi = pairs[("torch-accord", op, 8)]
                     line += f"{med:.2f}x | {lo:.2f}-{hi:.2f}x |"
+                    b = by.get(("torch-bare", op, 8))
+                    if bare and b and ("torch-bare", op, 8) in pairs:
+                        med, lo, hi = pairs[("torch-bare", op, 8)]
+                        line += f" {b['lat_us']:.1f} | {med:.2f}x | {lo:.2f}-{hi:.2f}x |"
                 else:
                     line += f"{t['lat_us'] / a['lat_us']:.2f}x |"
                 lines.append(line)
@@ -279,6 +377,8 @@ def main():
     libs = a.libs.split(",")
     if a.paired and not all(lib in libs for lib in PAIR):
         ap.error("--paired needs both torch-accord and accord in --libs")
+    if "torch-bare" in libs and not a.paired:
+        ap.error("torch-bare runs only with --paired (over torch-accord's group)")
     command = "python benchmarks/bench_torch_backend.py " + " ".join(sys.argv[1:])
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
