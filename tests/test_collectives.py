@@ -25,6 +25,8 @@ FORCED = {
     "chain-ring": {"ACCORD_ALGORITHMS": "broadcast=chain,all_gather=ring,all_reduce=ring"},
     "tree-direct-rd": {"ACCORD_ALGORITHMS":
                        "broadcast=tree,all_gather=direct,all_reduce=recursive_doubling"},
+    # a power of two of ranks beyond two (world 4 only): recursive doubling and halving
+    "doubling": {"ACCORD_ALGORITHMS": "all_gather=doubling,all_reduce=halving_doubling"},
     # the default transport between ranks of one host is shared memory; TCP too
     "tcp": {"ACCORD_TRANSPORT": "tcp"},
 }
@@ -112,7 +114,7 @@ def digest(arr):
 
 def params(worlds=WORLDS, forced=FORCED):
     return [pytest.param(w, f, id=f"w{w}-{f}") for f in forced for w in worlds
-            if f != "tcp" or w in (2, 3, 5)]
+            if (f != "tcp" or w in (2, 3, 5)) and (f != "doubling" or w == 4)]
 
 
 # -- broadcast and all_gather -------------------------------------------------------
@@ -408,9 +410,14 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     tcp4 = SimpleNamespace(rank=0, size=4, peer_memory=None, choices={})
     assert choose("broadcast", 256 << 10, tcp4, {}) is broadcast.chain
     assert choose("broadcast", 8, tcp4, {}) is broadcast.tree
-    assert choose("all_reduce", 64 << 10, tcp4, {}) is reduction.ring_allreduce
+    # a power of two of ranks halves and doubles (log2(n) steps a phase); others ring
+    assert choose("all_reduce", 64 << 10, tcp4, {}) is reduction.halving_doubling
     assert choose("all_reduce", 8, tcp4, {}) is reduction.recursive_doubling
-    assert choose("all_gather", 64 << 10, tcp4, {}) is all_gather.ring
+    assert choose("all_gather", 64 << 10, tcp4, {}) is all_gather.doubling
+    tcp3 = SimpleNamespace(rank=0, size=3, peer_memory=None, choices={})
+    assert choose("all_reduce", 64 << 10, tcp3, {}) is reduction.ring_allreduce
+    assert choose("all_gather", 64 << 10, tcp3, {}) is all_gather.ring
+    assert choose("all_gather", 64 << 10, tcp4, {"all_gather": "ring"}) is all_gather.ring
     assert choose("all_gather", 64 << 10, SimpleNamespace(rank=0, size=2, peer_memory=None,
                                                           choices={}), {}) is all_gather.direct
     assert choose("all_reduce", 8, tcp4, {"all_reduce": "ring"}) is reduction.ring_allreduce

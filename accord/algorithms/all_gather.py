@@ -24,3 +24,30 @@ def direct(c, blocks, mine=None, meanwhile=None):
     src = blocks[r] if mine is None else mine
     c.exchange(sends=[(p, src) for p in peers], recvs=[(p, blocks[p]) for p in peers],
                meanwhile=meanwhile)
+
+
+def doubling_applies(c, nbytes):
+    """A power of two of ranks beyond two."""
+    n = c.size
+    return n > 2 and n & (n - 1) == 0
+
+
+def doubling(c, blocks, mine=None, meanwhile=None):
+    """Recursive doubling: log2(n) steps instead of the ring's n - 1, the same bytes.
+    Step k swaps the 2^k blocks this rank holds with the partner across them, so
+    fewer steps wait for a partner to be scheduled where ranks outnumber cores.
+
+    mine: the source of this rank's block, sent in the first step while meanwhile
+    copies it into blocks[rank] (as in direct)."""
+    n, r = c.size, c.rank
+    mask = 1
+    while mask < n:
+        partner = r ^ mask
+        lo, plo = r & ~(mask - 1), partner & ~(mask - 1)
+        if mask == 1:
+            sends = [(partner, blocks[r] if mine is None else mine)]
+            c.exchange(sends=sends, recvs=[(partner, blocks[partner])], meanwhile=meanwhile)
+        else:
+            c.exchange(sends=[(partner, blocks[i]) for i in range(lo, lo + mask)],
+                       recvs=[(partner, blocks[i]) for i in range(plo, plo + mask)])
+        mask <<= 1

@@ -102,3 +102,54 @@ def ring_allreduce(c, acc, op, bf16, tmp):
     from .all_gather import ring
     ring(c, blocks)
 
+
+
+def halving_doubling_applies(c, nbytes):
+    """A power of two of ranks beyond two (at two, the ring is already one step each way)."""
+    n = c.size
+    return n > 2 and n & (n - 1) == 0
+
+
+def halving_doubling(c, acc, op, bf16, tmp):
+    """All-reduce in 2 log2(n) steps instead of the ring's 2(n - 1), moving the same bytes
+    (Rabenseifner's): a reduce-scatter by recursive halving, each rank swapping half of
+    its current range with the partner across that half and reducing the half it keeps,
+    until it holds the reduction of block r; then an all-gather by recursive doubling.
+    Fewer steps matter where ranks outnumber cores: each step waits for a partner to be
+    scheduled. A power of two of ranks only (halving_doubling_applies).
+
+    tmp: scratch of at least min(acc.size // 2 + 1, piece_elems) elements."""
+    n, r = c.size, c.rank
+    counts = even_counts(acc.size, n)
+    starts = [0]
+    for k in counts:
+        starts.append(starts[-1] + k)
+    per = piece_elems(acc.itemsize)
+    b0, b1 = 0, n                   # the blocks this rank still reduces
+    mask = n >> 1
+    while mask:
+        partner = r ^ mask
+        mid = (b0 + b1) // 2
+        keep, give = ((b0, mid), (mid, b1)) if not r & mask else ((mid, b1), (b0, mid))
+        sp = _pieces(acc[starts[give[0]]:starts[give[1]]], per)
+        rp = _pieces(acc[starts[keep[0]]:starts[keep[1]]], per)
+        for i in range(max(len(sp), len(rp))):
+            t = tmp[:rp[i].size] if i < len(rp) else None
+            c.exchange(sends=[(partner, sp[i])] if i < len(sp) else (),
+                       recvs=[(partner, t)] if t is not None else ())
+            if t is not None:
+                reduce_into(op, rp[i], t, bf16)
+        b0, b1 = keep
+        mask >>= 1
+    if op == ReduceOp.AVG:
+        finish_avg(acc[starts[r]:starts[r + 1]], n, bf16)
+    mask = 1
+    while mask < n:
+        partner = r ^ mask
+        # the partner holds the range of the same size next to this one
+        size = b1 - b0
+        p0 = b0 + size if not r & mask else b0 - size
+        c.exchange(sends=[(partner, acc[starts[b0]:starts[b1]])],
+                   recvs=[(partner, acc[starts[p0]:starts[p0 + size]])])
+        b0, b1 = min(b0, p0), max(b1, p0 + size)
+        mask <<= 1

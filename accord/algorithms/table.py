@@ -54,11 +54,21 @@ ALGORITHMS = {
         # a ring of 2 is a single exchange: the direct path is as good and simpler
         "direct": Entry(all_gather.direct,
                         lambda c, nbytes: nbytes < SMALL["all_gather"] or c.size <= 2),
+        # a power of two of ranks beyond two: log2(n) steps, not n - 1 (64 KiB: 0.62x the
+        # ring's time at world 4, 0.73x at world 8; from 1 MiB 0.95-1.00x)
+        "doubling": Entry(all_gather.doubling, all_gather.doubling_applies),
         "ring": Entry(all_gather.ring),
     },
     "all_reduce": {
         "recursive_doubling": Entry(reduction.recursive_doubling, _small("all_reduce"),
                                     scratch=lambda numel, size, itemsize: numel),
+        # a power of two of ranks beyond two: 2 log2(n) steps, not 2(n - 1) (world 4,
+        # 64 KiB-1 MiB: 0.55-0.97x the ring's time over shared memory, 0.57-0.68x over
+        # TCP; world 8: 0.48-0.78x; paired rounds, benchmarks/results/small-messages.md)
+        "halving_doubling": Entry(reduction.halving_doubling,
+                                  reduction.halving_doubling_applies,
+                                  scratch=lambda numel, size, itemsize:
+                                  min(numel // 2 + 1, reduction.piece_elems(itemsize))),
         "ring": Entry(reduction.ring_allreduce,
                       scratch=lambda numel, size, itemsize:
                       min(-(-numel // size), reduction.piece_elems(itemsize))),
