@@ -103,7 +103,6 @@ def ring_allreduce(c, acc, op, bf16, tmp):
     ring(c, blocks)
 
 
-
 def halving_doubling_applies(c, nbytes):
     """A power of two of ranks beyond two (at two, the ring is already one step each way)."""
     n = c.size
