@@ -215,3 +215,45 @@ def test_torch_tensors_and_parameters_by_address():
             np.testing.assert_array_equal(res[1][0][step][k], res[0][0][step][k],
                                           err_msg=f"{k} at step {step}")
     assert res[0][1] == res[1][1] and set(res[0][1]) == {"address"}, res[0][1]
+
+
+def _dies_mid_copy(rank, world, victim):
+    """The victim dies inside the copy by address (after the agreement, before it has
+    copied or said done): the others must get PeerLost naming it, not wait."""
+    import os
+    import signal
+    import time
+
+    import accord
+    from accord import state
+    big = {f"w{i}": np.full(1 << 18, -1, np.float32) for i in range(6)}    # 6 MiB
+    for step in range(3):
+        _sync(big, rank, step)
+    if rank == victim:
+        def die(*args):
+            os.kill(os.getpid(), signal.SIGKILL)
+        state.copy_segments = die
+    t0 = time.monotonic()
+    try:
+        accord.broadcast_state(big, src=0)
+    except accord.PeerLost as e:
+        return "PeerLost", str(e), time.monotonic() - t0
+    return "ok", "", time.monotonic() - t0
+
+
+@pytest.mark.parametrize("world,victim", [(2, 1), (2, 0), (3, 2)])
+def test_a_rank_that_dies_inside_the_copy_is_reported_not_waited_for(world, victim):
+    out = run_ranks(world, _dies_mid_copy, victim, timeout=60, expect_fail=True)
+    assert out[victim][0] == "died", out
+    for r in range(world):
+        if r == victim:
+            continue
+        kind, (name, msg, took) = out[r]
+        assert kind == "ok" and took < 10, out[r]
+        if r == 0 or world == 2:
+            # the root waits for every receiver's done (the victim's never comes); at
+            # world 2 each side also copies into or out of the other
+            assert name == "PeerLost" and f"rank {victim}" in msg, out[r]
+        else:
+            # another receiver needs nothing of the victim: it may finish this call
+            assert name in ("ok", "PeerLost"), out[r]
