@@ -625,6 +625,19 @@ def merge_runs(runs):
     return out
 
 
+def _cpu_model():
+    """The CPU's model name (Linux), or "": the same row moves with it (the rings' speed
+    against single copy's differs between CPU families), so a table names it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _load():
     try:
         return " ".join(f"{v:.2f}" for v in os.getloadavg()) + " (1, 5, 15 min)"
@@ -663,7 +676,9 @@ def main(args):
             + "".join(f"; {l}: skipped ({why})" for l, why in skipped),
             f"# GLIBC_TUNABLES={settings.glibc}"
             + (f" (x86_non_temporal_threshold {nt})" if nt else "")
-            + f"; {os.cpu_count()} CPUs; load average at the start: {_load()}"
+            + f"; {os.cpu_count()} CPUs"
+            + (f" ({_cpu_model()})" if _cpu_model() else "")
+            + f"; load average at the start: {_load()}"
             + (f"; each library run {settings.repeat} times, interleaved, median per row"
                if settings.repeat > 1 else "")]
     print("\n".join(head), flush=True)
