@@ -2,6 +2,7 @@
 import datetime
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 DEFAULT_TIMEOUT = 1800.0
 # a Ray group's members are actors already running when they are told to join:
@@ -141,10 +142,12 @@ class Options:
     # Bytes of shared memory per group per host (the rings between its local ranks).
     shm_arena: int = 64 << 20
     # Messages of at least this many bytes go single-copy (process_vm_readv) where
-    # the kernel allows it; 0 turns that off. 4 MiB: from 1 to 4 MiB the rings were
-    # faster (paired rounds at world 2: all_gather 0.74x, scatter 0.65x, broadcast
-    # 0.94x the time at 1 MiB; at world 4 broadcast 0.57x), from 4 MiB as fast or slower
-    shm_cma_min: int = 4 << 20
+    # the kernel allows it; 0 turns that off. None (ACCORD_SHM_CMA unset): measured
+    # when a group is created, 1 or 4 MiB (transport/cma_threshold.py): on AMD EPYC
+    # guests the rings were faster from 1 to 4 MiB (paired rounds at world 2: all_gather
+    # 0.74x, scatter 0.65x, broadcast 0.94x the time at 1 MiB), on an Intel Xeon guest
+    # single copy from 1 MiB was (broadcast and scatter 1 MiB 0.48x the time)
+    shm_cma_min: Optional[int] = None
     # The same for point-to-point messages (ACCORD_SHM_P2P_CMA; by default
     # ACCORD_SHM_CMA where that is set, else 16 MiB): a blocking send/recv of 1-8 MiB
     # was 1.6-2.3x faster through the ring than single-copy here, which pays per page
@@ -198,7 +201,7 @@ class Options:
                                                  "ACCORD_LAUNCHER_STORE"),
             store_token=env.get("ACCORD_STORE_TOKEN", "").strip(),
             shm_arena=_parse_bytes(env.get("ACCORD_SHM_ARENA", ""), "ACCORD_SHM_ARENA", 64 << 20),
-            shm_cma_min=4 << 20 if cma is None else cma,
+            shm_cma_min=cma,
             shm_p2p_cma_min=_parse_bytes(env.get("ACCORD_SHM_P2P_CMA", ""),
                                          "ACCORD_SHM_P2P_CMA", 16 << 20 if cma is None else cma),
             socket_ifname=_parse_ifname(env.get("ACCORD_SOCKET_IFNAME", "")),

@@ -534,16 +534,19 @@ def _pair_broadcast_from_a_mib(rank, world):
                 x = want.copy() if rank == root else np.zeros(nbytes, np.uint8)
                 dist.broadcast(x, src=root)
                 assert np.array_equal(x, want), (nbytes, root)
-    return list(names)
+    return list(names), dist.world.default_group().transport.cma_min
 
 
 def test_two_ranks_split_a_broadcast_from_a_mib():
     # from COOP_MIN_PAIR two ranks each copy a half (below it: the plain path) where the
-    # single-copy threshold allows it; by default (4 MiB) these sizes go through the ring
+    # single-copy threshold allows it; unset, the threshold is measured (1 or 4 MiB)
     for env in ({**SHM, "ACCORD_SHM_CMA": "1M"}, SHM, {**SHM, "ACCORD_SHM_CMA": "2M"}):
         out = run_ranks(2, _pair_broadcast_from_a_mib, env=env, timeout=60)
-        split = env.get("ACCORD_SHM_CMA") == "1M"
-        for names in out:
+        assert out[0][1] == out[1][1], out
+        if "ACCORD_SHM_CMA" in env:
+            assert out[0][1] == {"1M": 1 << 20, "2M": 2 << 20}[env["ACCORD_SHM_CMA"]]
+        split = out[0][1] <= 1 << 20
+        for names, _ in out:
             assert [n == "single_copy" for n in names] == \
                 [False, False] + [split] * 4, (env, names)
 
@@ -582,7 +585,7 @@ def test_receive_from_any_source(env, n):
 
 def test_point_to_point_has_its_own_single_copy_threshold():
     from accord.options import Options
-    assert Options.from_env({}).shm_cma_min == 4 << 20
+    assert Options.from_env({}).shm_cma_min is None     # measured per group (1 or 4 MiB)
     assert Options.from_env({}).shm_p2p_cma_min == 16 << 20
     # ACCORD_SHM_CMA alone sets both; ACCORD_SHM_P2P_CMA only point-to-point's
     both = Options.from_env({"ACCORD_SHM_CMA": "4K"})

@@ -58,7 +58,7 @@ import time
 import numpy as np
 
 from ..errors import AccordError, Desync, GroupClosed
-from . import cma, futex
+from . import cma, cma_threshold, futex
 from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
 from .wire import (COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
@@ -1222,11 +1222,12 @@ def _attach(path):
 
 
 def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=64 << 20,
-                cma_min=4 << 20, p2p_cma_min=None):
+                cma_min=None, p2p_cma_min=None):
     """Create (group rank 0) or attach the group's arena; return a ShmTransport.
 
-    cma_min: the smallest collective message sent single-copy (0: none);
-    p2p_cma_min: the same for point-to-point messages (None: cma_min).
+    cma_min: the smallest collective message sent single-copy (0: none; None:
+    measured between ranks 0 and 1 now, cma_threshold.py); p2p_cma_min: the same
+    for point-to-point messages (None: cma_min, or 16 MiB where that is measured).
 
     The arena takes at most arena_bytes, and at most a quarter of the free
     space in /dev/shm. Raises ShmUnavailable (an OSError) on every member
@@ -1273,6 +1274,11 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
     except OSError as e:
         _fail(store, key, rank, e, path if rank == 0 else None)
         raise ShmUnavailable(f"{describe_rank(rank)}: shared memory unavailable: {e}") from None
+    measure = cma_min is None
+    if measure:
+        cma_min = cma_threshold.HIGH        # until the probe has spoken
+        if p2p_cma_min is None:
+            p2p_cma_min = 16 << 20
     try:
         arena = Arena(mm, cap)
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
@@ -1296,6 +1302,8 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
         _barrier(store, f"{key}/probed", rank, size)
         t.read_cma_flags()
         t.p2p.read_cma_flags()
+        if measure:
+            t.cma_min = cma_threshold.choose(t, store, key, rank, deadline)
         return t
     except BaseException:
         if path is not None:
