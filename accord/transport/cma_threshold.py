@@ -43,7 +43,13 @@ def choose(t, store, key, rank, deadline):
         value = int(said)
     else:
         if rank == 0:
-            value = _measure(t, deadline)
+            try:
+                value = _measure(t, deadline)
+            except BaseException:
+                # rank 1 is gone (or this rank interrupted): the others must not wait
+                # for a verdict; the group's creation fails here and at rank 1
+                store.set(f"{key}/cma/verdict", str(HIGH))
+                raise
             store.set(f"{key}/cma/verdict", str(value))
         elif rank == 1:
             _answer(t, deadline)
