@@ -382,6 +382,10 @@ def _health_rank():
     t0 = time.perf_counter()
     accord.init_process_group()
     rank, world = accord.get_rank(), accord.get_world_size()
+    # over shared memory where single copy works: from what size it is used (measured
+    # now where ACCORD_SHM_CMA is unset)
+    t = accord.world.default_group().transport
+    cma = t.cma_min if getattr(t, "cma_everywhere", False) else 0
     problems = []
     for n in (1000, 1 << 20):                     # 4 KB and 4 MiB of float32
         x = np.arange(n, dtype=np.float32) if rank == 0 else np.zeros(n, np.float32)
@@ -396,13 +400,20 @@ def _health_rank():
     accord.all_reduce(flags)
     accord.destroy_process_group()
     if rank == 0:
-        print(HEALTH_MARK + (f"ok {time.perf_counter() - t0:.2f}" if flags[0] == 0 else
+        print(HEALTH_MARK + (f"ok {time.perf_counter() - t0:.2f} {cma}" if flags[0] == 0 else
                              "bad " + "; ".join(problems or ["another rank's results"])),
               flush=True)
     if problems:
         sys.stderr.write(f"rank {rank}: wrong result: {'; '.join(problems)}\n")
         return 1
     return 0
+
+
+def _size(n):
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} bytes"
 
 
 def health_check(r, transport, timeout):
@@ -424,6 +435,13 @@ def health_check(r, transport, timeout):
     marks = [l[len(HEALTH_MARK):] for l in p.stdout.splitlines() if l.startswith(HEALTH_MARK)]
     if p.returncode == 0 and marks and marks[-1].startswith("ok"):
         r.line("OK", f"{what} verified ({time.monotonic() - t0:.1f}s with start-up)")
+        words = marks[-1].split()
+        cma = int(words[2]) if len(words) > 2 and words[2].isdigit() else 0
+        if cma and cma < 1 << 62:
+            how = ("set by ACCORD_SHM_CMA" if os.environ.get("ACCORD_SHM_CMA")
+                   else "measured between the two ranks")
+            r.line("INFO", f"shared memory sends messages of {_size(cma)} and more "
+                           f"single-copy ({how})")
         return
     detail = marks[-1] if marks else ""
     tail = [l for l in (p.stderr or "").strip().splitlines() if l.strip()][-8:]
