@@ -81,16 +81,23 @@ def ring_reduce_scatter(c, blocks, op, bf16, tmp):
     tmp: scratch of at least min(largest block, piece_elems) elements."""
     n, r = c.size, c.rank
     right, left = (r + 1) % n, (r - 1) % n
-    per = piece_elems(tmp.itemsize)
     for s in range(n - 1):
-        sp = _pieces(blocks[(r - s - 1) % n], per)
-        rp = _pieces(blocks[(r - s - 2) % n], per)
-        for i in range(max(len(sp), len(rp))):
-            t = tmp[:rp[i].size] if i < len(rp) else None
-            c.exchange(sends=[(right, sp[i])] if i < len(sp) else (),
-                       recvs=[(left, t)] if t is not None else ())
-            if t is not None:
-                reduce_into(op, rp[i], t, bf16)
+        _send_reduce(c, right, blocks[(r - s - 1) % n], left, blocks[(r - s - 2) % n],
+                     op, bf16, tmp)
+
+
+def _send_reduce(c, to, give, frm, keep, op, bf16, tmp):
+    """One reduce-scatter step: send `give` to rank `to` while receiving rank frm's part
+    of `keep` and reducing it into keep, piece by piece through tmp (at least
+    min(keep.size, piece_elems) elements). Both sides cut the same pieces."""
+    per = piece_elems(tmp.itemsize)
+    sp, rp = _pieces(give, per), _pieces(keep, per)
+    for i in range(max(len(sp), len(rp))):
+        t = tmp[:rp[i].size] if i < len(rp) else None
+        c.exchange(sends=[(to, sp[i])] if i < len(sp) else (),
+                   recvs=[(frm, t)] if t is not None else ())
+        if t is not None:
+            reduce_into(op, rp[i], t, bf16)
 
 
 def ring_allreduce(c, acc, op, bf16, tmp):
@@ -123,21 +130,14 @@ def halving_doubling(c, acc, op, bf16, tmp):
     starts = [0]
     for k in counts:
         starts.append(starts[-1] + k)
-    per = piece_elems(acc.itemsize)
     b0, b1 = 0, n                   # the blocks this rank still reduces
     mask = n >> 1
     while mask:
         partner = r ^ mask
         mid = (b0 + b1) // 2
         keep, give = ((b0, mid), (mid, b1)) if not r & mask else ((mid, b1), (b0, mid))
-        sp = _pieces(acc[starts[give[0]]:starts[give[1]]], per)
-        rp = _pieces(acc[starts[keep[0]]:starts[keep[1]]], per)
-        for i in range(max(len(sp), len(rp))):
-            t = tmp[:rp[i].size] if i < len(rp) else None
-            c.exchange(sends=[(partner, sp[i])] if i < len(sp) else (),
-                       recvs=[(partner, t)] if t is not None else ())
-            if t is not None:
-                reduce_into(op, rp[i], t, bf16)
+        _send_reduce(c, partner, acc[starts[give[0]]:starts[give[1]]],
+                     partner, acc[starts[keep[0]]:starts[keep[1]]], op, bf16, tmp)
         b0, b1 = keep
         mask >>= 1
     if op == ReduceOp.AVG:
