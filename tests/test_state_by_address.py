@@ -1,7 +1,8 @@
 """broadcast_state synced again over shared memory: each receiver's tensors copied
 straight out of the root's (process_vm_readv / writev over lists of segments), no
 packing. Every rank must end with the root's bytes, whichever path each call takes,
-however the dicts change between calls."""
+however the dicts change between calls. (A mismatch after syncs by address:
+test_state_repeat.py's test of a mismatch on the fast path, at worlds 2 and 3.)"""
 import gc
 
 import numpy as np
@@ -158,33 +159,6 @@ def test_a_replaced_tensor_on_any_rank_is_never_written_at_its_old_address():
     # and 6, where the receiver falls back with it), then 7
     assert took[0][-1] == took[1][-1] == "address", took
     assert took[0].count("address") == took[1].count("address") >= 2, took
-
-
-def _mismatch(rank, world):
-    import accord
-    from accord.state import StateMismatch
-    state = _state(6)
-    accord.broadcast_state(state, src=0)
-    accord.broadcast_state(state, src=0)
-    accord.broadcast_state(state, src=0)          # by address on both ranks
-    if rank == 1:
-        state["p2"] = np.zeros(state["p2"].size + 1, np.float32)
-    try:
-        accord.broadcast_state(state, src=0)
-    except StateMismatch as e:
-        msg = str(e)
-    else:
-        msg = None
-    t = np.full(1, rank, np.int64)
-    accord.broadcast(t, src=0)                    # the group is still usable
-    assert t[0] == 0
-    return msg
-
-
-def test_a_mismatch_after_syncs_by_address_raises_on_both_ranks():
-    msgs = run_ranks(2, _mismatch, timeout=30)
-    for m in msgs:
-        assert m is not None and "['p2']: rank 1 has a float32 tensor of shape [11]" in m, m
 
 
 def _torch_dict(rank, world):
