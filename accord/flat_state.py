@@ -128,8 +128,11 @@ class _Bucket:
 
 
 class _Entry:
-    __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes", "token",
-                 "table", "word", "rows", "remote")
+    # word: 16 bytes for broadcast_state's agreement, this entry's token (random, never
+    # 0, new for every entry) and the address of `table`, its (address, length) rows,
+    # from which a peer reads where this rank's tensors are (once per token)
+    __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes", "table",
+                 "word", "rows", "remote")
 
     def valid_for(self, tree, vals):
         """Whether tree still holds exactly the tensors this entry describes."""
@@ -138,12 +141,6 @@ class _Entry:
         if not all(map(_is, [r() for r in self.refs], vals)):
             return False
         return _metas(vals) == self.metas
-
-    def address_word(self):
-        """16 bytes for broadcast_state's agreement: this entry's token (random, never 0,
-        new for every entry) and the address of its table of (address, length) rows,
-        from which a peer reads where this rank's tensors are (once per token)."""
-        return self.word
 
     def batches(self, c, root, i, words, ranges, batches_of):
         """{peer: segment batches} bucket i copies on c (algorithms/single_copy.py).
@@ -241,7 +238,6 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
     if w is None:
         return None
     e.digest = digest
-    e.token = int.from_bytes(os.urandom(8), "little") | 1
     e.remote = {}
     e.rows = []
     table = []
@@ -289,7 +285,8 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
         out.total = b.nbytes
         e.buckets.append(out)
     e.table = np.array(table, np.uint64).reshape(-1, 2)
-    e.word = struct.pack("<QQ", e.token, e.table.ctypes.data)
+    e.word = struct.pack("<QQ", int.from_bytes(os.urandom(8), "little") | 1,
+                         e.table.ctypes.data)
     _ENTRIES.pop(key, None)
     while _ENTRIES and (len(_ENTRIES) >= _ENTRIES_MAX or e.packed_bytes + sum(
             x.packed_bytes for x in _ENTRIES.values()) > _PACKED_MAX):

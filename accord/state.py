@@ -227,7 +227,7 @@ def _agree(g, root, digest, failed, timeout, explain, entry=None, then=None):
                 own()
                 return
             if entry is not None and segments_applies(c):
-                row[0] = head + entry.address_word()
+                row[0] = head + entry.word
             choose("all_gather", total, c, forced)(c, blocks, row[0], own)
             if then is not None and _agreed(table, root, g.size):
                 moved[0] = then(c, bytes(table))
