@@ -1099,24 +1099,21 @@ class ShmPeerMemory:
     max_segments = cma.IOV_MAX
 
     def read(self, peer, local, remote, n):
-        self._copy(cma.read, peer, local, remote, n, "read from")
+        self._copy("read from", cma.read, peer, local, remote, n)
 
     def write(self, peer, local, remote, n):
-        self._copy(cma.write, peer, local, remote, n, "written to")
+        self._copy("written to", cma.write, peer, local, remote, n)
 
     def read_segments(self, peer, local, remote, count, n):
-        self._copy(cma.read_segments, peer, local, remote, n, "read from", count)
+        self._copy("read from", cma.read_segments, peer, local, remote, count, n)
 
     def write_segments(self, peer, local, remote, count, n):
-        self._copy(cma.write_segments, peer, local, remote, n, "written to", count)
+        self._copy("written to", cma.write_segments, peer, local, remote, count, n)
 
-    def _copy(self, fn, peer, local, remote, n, verb, count=None):
+    def _copy(self, verb, fn, peer, *args):
         t = self._t
         try:
-            if count is None:
-                fn(t.links[peer].pid, local, remote, n)
-            else:
-                fn(t.links[peer].pid, local, remote, count, n)
+            fn(t.links[peer].pid, *args)
         except OSError as e:
             # a peer that aborted (another rank died, say) and exited is gone for that
             # reason: report it, not the missing process
