@@ -23,11 +23,15 @@ import numpy as np
 from . import debug
 from .debug import detail
 from .algorithms import Comm
+from .debug.callsite import call_site
+from .debug.groups import on_main_thread
+from .debug.recorder import DONE, ERROR, FAILED, RUNNING, STATE, T_END, T_START
 from .errors import AccordError, CommTimeout, Desync, GroupClosed
 from .transport.p2p import Engine, Pending
 from .transport.wire import OP_CODES, Stamp, decode_error, encode_error
 from .work import Work
 
+_now, _monotonic = time.time, time.monotonic
 _NO_STAMP = (-1, 0, 0, -1, "", None)     # a call that carries no tensor
 
 # at destroy, how long to read peers' last messages before their goodbye: a call in
@@ -268,9 +272,9 @@ class ProcessGroup:
             raise self._closed_error()
         if timeout is None:
             timeout = self.timeout
-        site, where = debug.call_site()
+        site, where = call_site()
         # the deadlock check trusts "blocked" only for programs that issue from one thread
-        main = debug.on_main_thread()
+        main = on_main_thread()
         root, dtype, redop, count, dtype_name, shape = stamp_args or _NO_STAMP
         with self._issue_lock:
             seq = self._seq
@@ -323,40 +327,45 @@ class ProcessGroup:
     def _execute(self, opname, body, stamp, timeout, entry):
         rec = self.recorder
         if self._closed is not None:
-            entry[debug.STATE] = debug.FAILED
+            entry[STATE] = FAILED
             raise self._closed_error()
         t = self.transport
         t.current = (opname, stamp.seq, self.name)
         t.interrupted = None         # meant for an earlier call, if it finished after all
-        entry[debug.T_START] = time.time()
-        entry[debug.STATE] = debug.RUNNING
+        entry[T_START] = _now()
+        entry[STATE] = RUNNING
         rec.current = entry
-        deadline = time.monotonic() + timeout
         try:
-            result = body(Comm(t, stamp, deadline))
-        except AccordError as e:
-            if t.interrupted is not None:
-                # the deadlock named by another thread is the cause; a peer that left
-                # because it heard the same story first is its echo
-                e, t.interrupted = t.interrupted, None
-            entry[debug.STATE] = debug.FAILED
-            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
-            e = self._explain(e, entry)
-            self._break(e)
-            debug.on_error(self, e)
-            raise e
+            result = body(Comm(t, stamp, _monotonic() + timeout))
         except BaseException as e:
-            entry[debug.STATE] = debug.FAILED
-            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
-            raise
+            raise self._failed(e, entry)
         else:
-            entry[debug.T_END] = time.time()
-            entry[debug.STATE] = debug.DONE
+            entry[T_END] = _now()
+            entry[STATE] = DONE
             rec.last_done = entry
             return result
         finally:
             rec.current = None
             t.current = None
+
+    def _failed(self, e, entry):
+        """What a call that raised e raises: a communication error breaks the group
+        and reaches the peers (the deadlock another thread named is the cause where
+        there is one); anything else only fails the call."""
+        entry[STATE] = FAILED
+        if not isinstance(e, AccordError):
+            entry[ERROR] = f"{type(e).__name__}: {e}"
+            return e
+        t = self.transport
+        if t.interrupted is not None:
+            # the deadlock named by another thread is the cause; a peer that left
+            # because it heard the same story first is its echo
+            e, t.interrupted = t.interrupted, None
+        entry[ERROR] = f"{type(e).__name__}: {e}"
+        e = self._explain(e, entry)
+        self._break(e)
+        debug.on_error(self, e)
+        return e
 
     def _explain(self, e, entry):
         """A local timeout grows the stuck-rank table (reported ones already carry it)."""

@@ -65,10 +65,10 @@ class Comm:
         self._t.exchange(sends, recvs, self._stamp, self._deadline, meanwhile, ring)
 
     def send(self, peer, buf):
-        self._t.exchange(((peer, _view(buf)),), (), self._stamp, self._deadline)
+        self._t.send1(peer, _view(buf), self._stamp, self._deadline)
 
     def recv(self, peer, buf):
-        self._t.exchange((), ((peer, _view(buf)),), self._stamp, self._deadline)
+        self._t.recv1(peer, _view(buf), self._stamp, self._deadline)
 
 
 def split(arr, counts):

@@ -643,6 +643,31 @@ class ShmTransport(Reports):
         elif local:
             meanwhile()
             meanwhile = None
+        self._exchange_queued(sends, recvs, stamp, deadline, meanwhile, ring)
+
+    def send1(self, peer, view, stamp, deadline):
+        """exchange(((peer, view),), (), stamp, deadline), the one step of a small call:
+        written into the ring at once where it fits, with no list built."""
+        n = len(view)
+        link = self.links[peer]
+        if self.broken is None and n <= _INLINE and n < self.cma_min and not link.sends \
+                and link.write_inline(stamp, view, n):
+            return
+        self._check_usable()
+        self._exchange_queued(((peer, view),), (), stamp, deadline, None, False)
+
+    def recv1(self, peer, view, stamp, deadline):
+        """exchange((), ((peer, view),), stamp, deadline), taken straight off the ring
+        where the message is there (or arrives within the spin)."""
+        if self.broken is None and self._recv_inline(peer, view, stamp):
+            return
+        self._check_usable()
+        self._exchange_queued((), ((peer, view),), stamp, deadline, None, False)
+
+    def _exchange_queued(self, sends, recvs, stamp, deadline, meanwhile, ring):
+        """exchange() past the small-message lane: receive records, queued sends, and
+        the progress loop."""
+        links = self.links
         posted = []
         for peer, buf in recvs:
             r = Recv(peer, buf, stamp=stamp)

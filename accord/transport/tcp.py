@@ -322,6 +322,14 @@ class TcpTransport(Reports):
         finally:
             self._sending = None
 
+    def send1(self, peer, view, stamp, deadline):
+        """exchange(((peer, view),), (), stamp, deadline)."""
+        self.exchange(((peer, view),), (), stamp, deadline)
+
+    def recv1(self, peer, view, stamp, deadline):
+        """exchange((), ((peer, view),), stamp, deadline)."""
+        self.exchange((), ((peer, view),), stamp, deadline)
+
     def _progress(self, recvs, sends, deadline):
         links = self.links
         self.active = (recvs, sends)
