@@ -15,6 +15,7 @@ _TORCH_MODULES = ("torch",)
 
 _DTYPE_NAMES = {}     # dtype -> (num, name): numpy computes dtype.name in Python on every access
 _SUPPORTED = {}       # dtype -> None if it may cross a buffer, else why not (TypeError text)
+_SENDABLE = {}        # dtype -> (num, name) of the dtypes that may: one lookup per array
 
 
 def byte_view(arr):
@@ -31,20 +32,21 @@ def byte_view(arr):
 class Buf:
     __slots__ = ("arr", "nbytes", "dtype_code", "dtype_name", "shape", "_writeback", "is_bf16")
 
-    def __init__(self, arr, shape, writeback=None, is_bf16=False):
+    def __init__(self, arr, shape, writeback=None, is_bf16=False, known=None):
+        """known: as_buf's (dtype number, name) of arr's dtype, if it looked it up."""
         flat = arr if arr.ndim == 1 else arr.reshape(-1)
         self.arr = flat
         self.nbytes = flat.nbytes
         self.is_bf16 = is_bf16
-        dt = flat.dtype
         if is_bf16:
-            self.dtype_code, self.dtype_name = BF16_CODE, "bfloat16"
-        else:
+            known = (BF16_CODE, "bfloat16")
+        elif known is None:
+            dt = flat.dtype
             known = _DTYPE_NAMES.get(dt)
             if known is None:
                 known = _DTYPE_NAMES[dt] = (dt.num, dt.name)
-            self.dtype_code, self.dtype_name = known
-        self.shape = shape if type(shape) is tuple else tuple(shape)
+        self.dtype_code, self.dtype_name = known
+        self.shape = shape if shape.__class__ is tuple else tuple(shape)
         self._writeback = writeback
 
     @property
@@ -218,13 +220,16 @@ def as_buf(obj, name, writable=True):
         if writable and not flags.writeable:
             raise ValueError(f"{name}: array is read-only but the call writes into it")
         dt = obj.dtype
-        why = _SUPPORTED.get(dt, 0)
-        if why == 0:
-            why = _SUPPORTED[dt] = _unsupported(dt)
-        if why is not None:
-            raise TypeError(f"{name}: {why}")
+        known = _SENDABLE.get(dt)
+        if known is None:
+            why = _SUPPORTED.get(dt, 0)
+            if why == 0:
+                why = _SUPPORTED[dt] = _unsupported(dt)
+            if why is not None:
+                raise TypeError(f"{name}: {why}")
+            known = _SENDABLE[dt] = (dt.num, dt.name)
         if flags.c_contiguous:
-            return Buf(obj, obj.shape)
+            return Buf(obj, obj.shape, None, False, known)
         tmp = np.ascontiguousarray(obj)
         wb = (lambda src=tmp, dst=obj: np.copyto(dst, src)) if writable else None
         return Buf(tmp, obj.shape, wb)

@@ -70,6 +70,7 @@ class ProcessGroup:
         self._worker = None
         self._closed = None
         self._scratch = None
+        self._scratch_views = {}     # (dtype, numel) -> its view of _scratch
         # the main thread is blocked until a call of this group completes (0 or 1): what
         # the deadlock check (debug/deadlock.py) needs to know the rank cannot move on by itself
         self.waiters = 0
@@ -81,11 +82,19 @@ class ProcessGroup:
 
         Reused rather than allocated per call: a fresh multi-MiB array costs its page
         faults again on every call."""
+        key = (dtype, numel)
+        view = self._scratch_views.get(key)
+        if view is not None:
+            return view          # a small call's view costs more to cut than to look up
         dtype = np.dtype(dtype)
         nbytes = numel * dtype.itemsize
         if self._scratch is None or self._scratch.size < nbytes:
             self._scratch = np.empty(max(nbytes, 64), dtype=np.uint8)
-        return self._scratch[:nbytes].view(dtype)
+            self._scratch_views.clear()      # views of the old buffer
+        view = self._scratch[:nbytes].view(dtype)
+        if len(self._scratch_views) < 64:
+            self._scratch_views[key] = view
+        return view
 
     @property
     def transport(self):

@@ -1,7 +1,7 @@
 """Collective algorithms: plain functions over a `Comm`, which they never look inside.
 
 A `Comm` is one call's view of its group: this rank, the group size, and
-send/recv/exchange of byte buffers, every message stamped with the call.
+send/recv/swap/exchange of byte buffers, every message stamped with the call.
 """
 import numpy as np
 
@@ -64,8 +64,18 @@ class Comm:
             recvs = [(p, as_bytes(b)) for p, b in recvs]
         self._t.exchange(sends, recvs, self._stamp, self._deadline, meanwhile, ring)
 
-    def send(self, peer, buf):
-        self._t.send1(peer, _view(buf), self._stamp, self._deadline)
+    def swap(self, peer, out, into, meanwhile=None):
+        """exchange(sends=[(peer, out)], recvs=[(peer, into)], meanwhile): the step of
+        pairwise algorithms, without the lists."""
+        self._t.exchange(((peer, _view(out)),), ((peer, _view(into)),), self._stamp,
+                         self._deadline, meanwhile)
+
+    def send(self, peer, buf, meanwhile=None):
+        """One message to peer; meanwhile: as exchange's."""
+        if meanwhile is None:
+            self._t.send1(peer, _view(buf), self._stamp, self._deadline)
+        else:
+            self._t.exchange(((peer, _view(buf)),), (), self._stamp, self._deadline, meanwhile)
 
     def recv(self, peer, buf):
         self._t.recv1(peer, _view(buf), self._stamp, self._deadline)

@@ -20,8 +20,11 @@ def direct(c, blocks, mine=None, meanwhile=None):
     copies it into blocks[rank]) can run while the peers copy it out.
     """
     r = c.rank
-    peers = [p for p in range(c.size) if p != r]
     src = blocks[r] if mine is None else mine
+    if c.size == 2:
+        c.swap(1 - r, src, blocks[1 - r], meanwhile)
+        return
+    peers = [p for p in range(c.size) if p != r]
     c.exchange(sends=[(p, src) for p in peers], recvs=[(p, blocks[p]) for p in peers],
                meanwhile=meanwhile)
 
@@ -45,8 +48,7 @@ def doubling(c, blocks, mine=None, meanwhile=None):
         partner = r ^ mask
         lo, plo = r & ~(mask - 1), partner & ~(mask - 1)
         if mask == 1:
-            sends = [(partner, blocks[r] if mine is None else mine)]
-            c.exchange(sends=sends, recvs=[(partner, blocks[partner])], meanwhile=meanwhile)
+            c.swap(partner, blocks[r] if mine is None else mine, blocks[partner], meanwhile)
         else:
             c.exchange(sends=[(partner, blocks[i]) for i in range(lo, lo + mask)],
                        recvs=[(partner, blocks[i]) for i in range(plo, plo + mask)])

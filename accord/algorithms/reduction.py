@@ -59,7 +59,7 @@ def recursive_doubling(c, acc, op, bf16, tmp):
     mask = 1
     while mask < p2:
         partner = r ^ mask
-        c.exchange(sends=[(partner, acc)], recvs=[(partner, tmp)])
+        c.swap(partner, acc, tmp)
         # both partners reduce (lower rank's part) op (higher rank's part): numpy's
         # complex64 multiply is not bit-commutative (a*b != b*a), so the operand order
         # must be the same on both sides for every rank to end with the same bits

@@ -13,8 +13,11 @@ def scatter(c, mine, blocks, root, meanwhile=None):
     """blocks: the root's per-rank sources; meanwhile (the root's): copies its own block
     to mine, while the others' move where the transport allows."""
     if c.rank == root:
-        c.exchange(sends=[(p, blocks[p]) for p in range(c.size) if p != root],
-                   meanwhile=meanwhile)
+        if c.size == 2:
+            c.send(1 - root, blocks[1 - root], meanwhile)
+        else:
+            c.exchange(sends=[(p, blocks[p]) for p in range(c.size) if p != root],
+                       meanwhile=meanwhile)
     else:
         c.recv(root, mine)
 
@@ -31,5 +34,9 @@ def barrier(c, token):
     """Dissemination: log2(n) rounds of empty messages."""
     n, r, k = c.size, c.rank, 1
     while k < n:
-        c.exchange(sends=[((r + k) % n, token)], recvs=[((r - k) % n, token)])
+        to, fro = (r + k) % n, (r - k) % n
+        if to == fro:
+            c.swap(to, token, token)
+        else:
+            c.exchange(sends=[(to, token)], recvs=[(fro, token)])
         k <<= 1
