@@ -43,6 +43,10 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
     `coalescing()` block): see `accord.broadcast`.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and timeout is None and group_src is None and \
+            lane.broadcast(tensor, g.ranks[0] if src is None else src):
+        return None
     if not g.is_member:
         return not_member(g, "broadcast")
     root = root_rank(g, src, group_src, "src")
@@ -125,6 +129,10 @@ def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor,
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and timeout is None and \
+            lane.all_gather(tensor_list, tensor):
+        return None
     if not g.is_member:
         return not_member(g, "all_gather")
     mine = as_buf(tensor, "tensor", writable=False)
@@ -265,6 +273,10 @@ def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and timeout is None and group_src is None and \
+            lane.scatter(tensor, scatter_list, g.ranks[0] if src is None else src):
+        return None
     if not g.is_member:
         return not_member(g, "scatter")
     root = root_rank(g, src, group_src, "src")
@@ -315,6 +327,9 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
                async_op: bool = False, timeout: Timeout = None) -> Optional[Work]:
     """The collective behind `accord.all_reduce`: see `accord.all_reduce`."""
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and timeout is None and lane.all_reduce(tensor, op):
+        return None
     if not g.is_member:
         return not_member(g, "all_reduce")
     op = as_reduce_op(op)
@@ -579,6 +594,9 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and timeout is None and lane.barrier():
+        return None
     if not g.is_member:
         return not_member(g, "barrier")
     body, stamp = plans.barrier_run(g)

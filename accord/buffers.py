@@ -213,6 +213,19 @@ def _unsupported(dt):
     return None
 
 
+def sendable(dt):
+    """(dtype number, name) if arrays of numpy dtype dt may be sent, else None (and
+    _SUPPORTED[dt] says why not)."""
+    known = _SENDABLE.get(dt)
+    if known is None:
+        why = _SUPPORTED.get(dt, 0)
+        if why == 0:
+            why = _SUPPORTED[dt] = _unsupported(dt)
+        if why is None:
+            known = _SENDABLE[dt] = (dt.num, dt.name)
+    return known
+
+
 def as_buf(obj, name, writable=True):
     """Wrap a numpy array, CPU torch tensor or buffer-protocol object."""
     if isinstance(obj, np.ndarray):
@@ -220,14 +233,9 @@ def as_buf(obj, name, writable=True):
         if writable and not flags.writeable:
             raise ValueError(f"{name}: array is read-only but the call writes into it")
         dt = obj.dtype
-        known = _SENDABLE.get(dt)
+        known = _SENDABLE.get(dt) or sendable(dt)
         if known is None:
-            why = _SUPPORTED.get(dt, 0)
-            if why == 0:
-                why = _SUPPORTED[dt] = _unsupported(dt)
-            if why is not None:
-                raise TypeError(f"{name}: {why}")
-            known = _SENDABLE[dt] = (dt.num, dt.name)
+            raise TypeError(f"{name}: {_SUPPORTED[dt]}")
         if flags.c_contiguous:
             return Buf(obj, obj.shape, None, False, known)
         tmp = np.ascontiguousarray(obj)

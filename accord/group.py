@@ -26,6 +26,7 @@ from .algorithms import Comm
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, ERROR, FAILED, RUNNING, STATE, T_END, T_START
+from .lane import Lane
 from .errors import AccordError, CommTimeout, Desync, GroupClosed
 from .transport.p2p import Engine, Pending
 from .transport.wire import OP_CODES, Stamp, decode_error, encode_error
@@ -69,6 +70,7 @@ class ProcessGroup:
         self._queue = None
         self._worker = None
         self._closed = None
+        self.lane = None
         self._scratch = None
         self._scratch_views = {}     # (dtype, numel) -> its view of _scratch
         # the main thread is blocked until a call of this group completes (0 or 1): what
@@ -103,6 +105,10 @@ class ProcessGroup:
     @transport.setter
     def transport(self, t):
         self._transport = t
+        # the lean path of small synchronous calls (lane.py), where the group runs them
+        # itself: not under ACCORD_DEBUG=DETAIL, which checks each call's arguments first
+        self.lane = Lane(self) if t is not None and self.size > 1 and \
+            self.options is not None and self.options.debug != "DETAIL" else None
         if t is not None:
             # what a Desync message needs: this rank's past calls, call sites' text
             t.history = self._history

@@ -1,0 +1,203 @@
+"""The lean path of small synchronous calls (accord/lane.py) against the api's general path.
+
+A rank on the lane and a rank on the general path must be the same call on the wire
+(same stamp), so every test mixes the two: one rank passes plain contiguous numpy
+arrays (the lane), the other the same call in a form the lane declines (a
+non-contiguous view, async_op=True, a timeout of its own).
+"""
+import numpy as np
+import pytest
+
+import accord
+from accord.world import resolve_group
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+HERE = "test_lane.py:"
+
+
+def _general(x):
+    """x's values in an array the lane declines (a strided view), and the view."""
+    big = np.zeros(x.size * 2, x.dtype)
+    v = big[::2]
+    v[...] = x
+    return v
+
+
+def _mixed(rank, world, numel):
+    lane_rank = 0 if numel % 2 else 1      # the lane on the root, then on a non-root
+    on_lane = rank == lane_rank
+    out = {}
+    # which calls the lane ran (this is a forked child: the patch dies with it)
+    from accord import lane
+    taken, run = [], lane.Lane._run
+
+    def spy(self, *args):
+        done = run(self, *args)
+        taken.append(done)
+        return done
+    lane.Lane._run = spy
+
+    x = np.arange(numel, dtype=np.float32) + 10 * rank
+    b = x.copy() if on_lane else _general(x)
+    accord.broadcast(b, src=0)
+    out["broadcast"] = np.array(b).tolist()
+
+    r = x.copy() if on_lane else _general(x)
+    if on_lane:
+        accord.all_reduce(r, op=accord.ReduceOp.MAX)
+    else:
+        accord.all_reduce(r, op=accord.ReduceOp.MAX, async_op=True).wait()
+    out["all_reduce"] = np.array(r).tolist()
+
+    outs = [np.empty(numel, np.float32) for _ in range(world)]
+    if on_lane:
+        accord.all_gather(outs, x)
+    else:
+        accord.all_gather(outs, x, timeout=30)
+    out["all_gather"] = [o.tolist() for o in outs]
+
+    mine = np.empty(numel, np.float32)
+    shards = [np.full(numel, 100 + p, np.float32) for p in range(world)] if rank == 0 else None
+    if on_lane:
+        accord.scatter(mine, shards, src=0)
+    else:
+        view = _general(mine)
+        accord.scatter(view, shards, src=0, async_op=True).wait()
+        mine = np.array(view)
+    out["scatter"] = mine.tolist()
+
+    if on_lane:
+        accord.barrier()
+    else:
+        accord.barrier(async_op=True).wait()
+    g = resolve_group(None)
+    done = [e[1] for e in list(g.recorder.entries)[-5:]]
+    out["recorded"] = done
+    out["lane"] = taken
+    return out
+
+
+@pytest.mark.parametrize("world,numel,transport", [(2, 2, "shm"), (2, 3, "shm"), (2, 2, "tcp"),
+                                                   (3, 2, "shm"), (4, 1000, "shm"),
+                                                   (3, 3, "tcp")])
+def test_lane_and_general_path_are_the_same_call(world, numel, transport):
+    results = run_ranks(world, _mixed, numel, timeout=60, env={"ACCORD_TRANSPORT": transport})
+    base = np.arange(numel, dtype=np.float32)
+    for rank, out in enumerate(results):
+        assert out["broadcast"] == base.tolist()
+        assert out["all_reduce"] == (base + 10 * (world - 1)).tolist()
+        assert out["all_gather"] == [(base + 10 * p).tolist() for p in range(world)]
+        assert out["scatter"] == [100.0 + rank] * numel
+        assert out["recorded"] == ["broadcast", "all_reduce", "all_gather", "scatter",
+                                   "barrier"]
+        lane_rank = 0 if numel % 2 else 1
+        assert out["lane"] == ([True] * 5 if rank == lane_rank else []), out["lane"]
+
+
+def _scatter_lane_result(rank, world):
+    mine = np.zeros(3, np.int64)
+    shards = [np.full(3, 7 * p, np.int64) for p in range(world)] if rank == 1 else None
+    accord.scatter(mine, shards, src=1)
+    return mine.tolist()
+
+
+def test_scatter_on_the_lane_from_another_root():
+    assert run_ranks(3, _scatter_lane_result) == [[0] * 3, [7] * 3, [14] * 3]
+
+
+def _lane_desync(rank, world):
+    x = np.ones(2, np.float32)
+    try:
+        if rank == 0:
+            accord.broadcast(x, src=0)          # the lane
+            accord.barrier()
+        else:
+            accord.all_reduce(_general(x), async_op=True).wait()     # the general path
+    except accord.Desync as e:
+        return str(e)
+    return None
+
+
+def test_desync_between_lane_and_general_path_names_both_lines():
+    for kind, msg in run_ranks(2, _lane_desync, timeout=60, expect_fail=True):
+        assert kind == "ok" and msg is not None, msg
+        assert "broadcast #0" in msg and "all_reduce #0" in msg, msg
+        assert msg.count(HERE) >= 2, msg
+
+
+def _bad_input(rank, world):
+    x = np.ones(2, np.float32)
+    x.flags.writeable = False
+    errors = []
+    for call in (lambda: accord.broadcast(x, src=0 if rank else 1),     # read-only receiver
+                 lambda: accord.broadcast(np.ones(2, np.float32), src=5),
+                 lambda: accord.all_reduce(np.ones(2, np.complex64), op=accord.ReduceOp.MAX),
+                 lambda: accord.all_gather([np.empty(2, np.float32)], np.ones(2, np.float32))):
+        try:
+            call()
+        except (ValueError, TypeError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    # nothing moved: the group still works, on the lane
+    y = np.full(2, rank + 1.0, np.float32)
+    accord.all_reduce(y)
+    return errors, y.tolist()
+
+
+def test_bad_input_is_the_general_paths_error_and_nothing_breaks():
+    for errors, y in run_ranks(2, _bad_input):
+        assert len(errors) == 4, errors
+        assert "read-only" in errors[0]
+        assert "src=5" in errors[1]
+        assert "MAX is undefined for complex" in errors[2]
+        assert "expected 2 tensors" in errors[3]
+        assert y == [3.0, 3.0]
+
+
+def _order_behind_async(rank, world):
+    a = np.full(1000, rank + 1.0, np.float32)
+    w = accord.all_reduce(a, async_op=True)
+    b = np.full(2, 5.0 * rank, np.float32)
+    accord.broadcast(b, src=1)       # queued behind the async call, not beside it
+    w.wait()
+    return a[0], b.tolist()
+
+
+def test_a_sync_call_after_an_async_one_keeps_issue_order():
+    for total, b in run_ranks(2, _order_behind_async):
+        assert total == 3.0 and b == [5.0, 5.0]
+
+
+def _lane_state(rank, world):
+    return resolve_group(None).lane is not None
+
+
+def test_no_lane_under_debug_detail():
+    assert run_ranks(2, _lane_state, env={"ACCORD_DEBUG": "DETAIL"}) == [False, False]
+    assert run_ranks(2, _lane_state) == [True, True]
+
+
+def _lost_peer(rank, world):
+    import os
+    import time
+    x = np.ones(2, np.float32)
+    accord.barrier()
+    if rank == 1:
+        os._exit(0)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    try:
+        accord.all_reduce(x)
+    except accord.PeerLost as e:
+        return str(e), time.monotonic() - t0
+    return None, 0
+
+
+def test_a_lost_peer_on_the_lane_is_peer_lost_naming_the_call():
+    kind, payload = run_ranks(2, _lost_peer, timeout=60, expect_fail=True)[0]
+    assert kind == "ok", payload
+    msg, took = payload
+    assert msg is not None and "all_reduce #1" in msg and "rank 1" in msg, msg
+    assert took < 10
