@@ -60,7 +60,8 @@ class Lane:
         g = self.g
         if g._closed is not None or g.hier is not None:
             return False
-        site, where = call_site()
+        # from the api's frame (3 up: _run, the lane's method, the api): always accord's
+        site, where = call_site(3)
         main = on_main_thread()
         with g._issue_lock:
             if g._pending:

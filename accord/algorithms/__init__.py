@@ -72,10 +72,7 @@ class Comm:
 
     def send(self, peer, buf, meanwhile=None):
         """One message to peer; meanwhile: as exchange's."""
-        if meanwhile is None:
-            self._t.send1(peer, _view(buf), self._stamp, self._deadline)
-        else:
-            self._t.exchange(((peer, _view(buf)),), (), self._stamp, self._deadline, meanwhile)
+        self._t.send1(peer, _view(buf), self._stamp, self._deadline, meanwhile)
 
     def recv(self, peer, buf):
         self._t.recv1(peer, _view(buf), self._stamp, self._deadline)

@@ -101,9 +101,11 @@ class Transport(Protocol):
         send that cannot move while a peer sends this call a mismatching stamp
         (both "roots") is a Desync too, not a wait for the deadline."""
 
-    def send1(self, peer: int, view: memoryview, stamp, deadline: float) -> None:
-        """exchange(((peer, view),), (), stamp, deadline): the one-message step of
-        small calls (a binomial tree's edge), which a medium may take a shorter way."""
+    def send1(self, peer: int, view: memoryview, stamp, deadline: float,
+              meanwhile: Optional[Callable[[], None]] = None) -> None:
+        """exchange(((peer, view),), (), stamp, deadline, meanwhile): the one-message
+        step of small calls (a binomial tree's edge), which a medium may take a
+        shorter way."""
 
     def recv1(self, peer: int, view: memoryview, stamp, deadline: float) -> None:
         """exchange((), ((peer, view),), stamp, deadline)."""

@@ -645,16 +645,18 @@ class ShmTransport(Reports):
             meanwhile = None
         self._exchange_queued(sends, recvs, stamp, deadline, meanwhile, ring)
 
-    def send1(self, peer, view, stamp, deadline):
-        """exchange(((peer, view),), (), stamp, deadline), the one step of a small call:
-        written into the ring at once where it fits, with no list built."""
+    def send1(self, peer, view, stamp, deadline, meanwhile=None):
+        """exchange(((peer, view),), (), stamp, deadline, meanwhile), the one step of a
+        small call: written into the ring at once where it fits, with no list built."""
         n = len(view)
         link = self.links[peer]
         if self.broken is None and n <= _INLINE and n < self.cma_min and not link.sends \
                 and link.write_inline(stamp, view, n):
+            if meanwhile is not None:
+                meanwhile()
             return
         self._check_usable()
-        self._exchange_queued(((peer, view),), (), stamp, deadline, None, False)
+        self._exchange_queued(((peer, view),), (), stamp, deadline, meanwhile, False)
 
     def recv1(self, peer, view, stamp, deadline):
         """exchange((), ((peer, view),), stamp, deadline), taken straight off the ring
@@ -693,7 +695,7 @@ class ShmTransport(Reports):
         """Take a small awaited message straight off its ring, spinning for it briefly
         where every rank has a core; False leaves the ring as it was."""
         link = self.links[peer]
-        if link.take_inline(stamp, dest):
+        if link._take_whole(dest, COLL, stamp, None):      # take_inline, a call less
             return True
         n = len(dest)
         if not self._spin_s or n > _INLINE:
@@ -702,7 +704,7 @@ class ShmTransport(Reports):
         end = time.perf_counter() + self._spin_s
         while q[i] < want and time.perf_counter() < end:
             pass
-        return link.take_inline(stamp, dest)
+        return link._take_whole(dest, COLL, stamp, None)
 
     # -- progress ------------------------------------------------------------------
     def _step(self, recvs, sends, drain):

@@ -322,9 +322,9 @@ class TcpTransport(Reports):
         finally:
             self._sending = None
 
-    def send1(self, peer, view, stamp, deadline):
-        """exchange(((peer, view),), (), stamp, deadline)."""
-        self.exchange(((peer, view),), (), stamp, deadline)
+    def send1(self, peer, view, stamp, deadline, meanwhile=None):
+        """exchange(((peer, view),), (), stamp, deadline, meanwhile)."""
+        self.exchange(((peer, view),), (), stamp, deadline, meanwhile)
 
     def recv1(self, peer, view, stamp, deadline):
         """exchange((), ((peer, view),), stamp, deadline)."""
