@@ -44,8 +44,7 @@ def broadcast(tensor: Tensor, src: Optional[int] = None, group: Optional[Process
     """
     g = resolve_group(group)
     lane = g.lane
-    if lane is not None and not async_op and timeout is None and group_src is None and \
-            lane.broadcast(tensor, g.ranks[0] if src is None else src):
+    if lane is not None and not async_op and lane.broadcast(tensor, src, group_src, timeout):
         return None
     if not g.is_member:
         return not_member(g, "broadcast")
@@ -130,8 +129,7 @@ def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor,
     """
     g = resolve_group(group)
     lane = g.lane
-    if lane is not None and not async_op and timeout is None and \
-            lane.all_gather(tensor_list, tensor):
+    if lane is not None and not async_op and lane.all_gather(tensor_list, tensor, timeout):
         return None
     if not g.is_member:
         return not_member(g, "all_gather")
@@ -274,8 +272,8 @@ def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
     """
     g = resolve_group(group)
     lane = g.lane
-    if lane is not None and not async_op and timeout is None and group_src is None and \
-            lane.scatter(tensor, scatter_list, g.ranks[0] if src is None else src):
+    if lane is not None and not async_op and \
+            lane.scatter(tensor, scatter_list, src, group_src, timeout):
         return None
     if not g.is_member:
         return not_member(g, "scatter")
@@ -328,7 +326,7 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
     """The collective behind `accord.all_reduce`: see `accord.all_reduce`."""
     g = resolve_group(group)
     lane = g.lane
-    if lane is not None and not async_op and timeout is None and lane.all_reduce(tensor, op):
+    if lane is not None and not async_op and lane.all_reduce(tensor, op, timeout):
         return None
     if not g.is_member:
         return not_member(g, "all_reduce")
@@ -595,7 +593,7 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     """
     g = resolve_group(group)
     lane = g.lane
-    if lane is not None and not async_op and timeout is None and lane.barrier():
+    if lane is not None and not async_op and lane.barrier(timeout):
         return None
     if not g.is_member:
         return not_member(g, "barrier")

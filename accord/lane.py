@@ -3,15 +3,16 @@
 A collective of a few bytes costs its Python layers, not its bytes: argument
 objects (Buf), a plan's closure, the group's queue check, the run wrapper, each
 a few hundred nanoseconds, about as much again as the message itself takes.
-For a synchronous call with the group's own timeout on contiguous numpy arrays,
-`Lane` does the same work in one flat function per collective: the checks the
-api makes, the call site, the stamp, the flight-recorder entry, the deadlock
-check's bookkeeping, then the algorithm the table picks, over a `Comm`, as the
-api's call would. Every failure goes through the group's own error handling
-(`ProcessGroup._failed`), so a Desync, a lost peer or a timeout reads the same.
+For a synchronous call on contiguous numpy arrays (or CPU torch tensors whose
+arrays accord keeps), `Lane` does the same work in one flat function per
+collective: the checks the api makes, the call site, the stamp, the
+flight-recorder entry, the deadlock check's bookkeeping, then the algorithm the
+table picks, over a `Comm`, as the api's call would. Every failure goes through
+the group's own error handling (`ProcessGroup._failed`), so a Desync, a lost
+peer or a timeout reads the same.
 
-Whatever the lane does not take (a torch tensor, a non-contiguous or read-only
-array, a bad argument, an async call, a timeout of its own, an open
+Whatever the lane does not take (a non-contiguous or read-only array, a
+bfloat16 tensor, a bad argument, an async call, a timedelta timeout, an open
 coalescing block, ACCORD_DEBUG=DETAIL, a group spanning hosts, a queued async
 call) it declines before it touches anything: it returns False and the api's
 general path runs the call, raising its errors there.
@@ -23,7 +24,7 @@ import numpy as np
 from .algorithms import Comm
 from .algorithms import rooted
 from .algorithms.table import entry
-from .buffers import _SENDABLE, as_buf, sendable
+from .buffers import _SENDABLE, as_buf, is_torch_tensor, sendable
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, RUNNING, STATE, T_END, T_START
@@ -35,15 +36,43 @@ _ALL_GATHER, _SCATTER, _BARRIER = OP_CODES["all_gather"], OP_CODES["scatter"], O
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
-def _known(arr, writable):
-    """(dtype number, name) of a plain contiguous array the lane may take, else None
-    (the general path takes it, or raises what is wrong with it)."""
-    if arr.__class__ is not np.ndarray:
+def _plain(x, writable):
+    """(flat array, (dtype number, name), shape) of a tensor the lane may take as it is:
+    a contiguous numpy array, or a contiguous CPU torch tensor whose array accord keeps
+    (buffers.py's cache); None for anything else, which the general path takes (or
+    rejects with its error)."""
+    if x.__class__ is np.ndarray:
+        flags = x.flags
+        if not flags.c_contiguous or writable and not flags.writeable:
+            return None
+        known = _SENDABLE.get(x.dtype) or sendable(x.dtype)
+        if known is None:
+            return None
+        return (x if x.ndim == 1 else x.reshape(-1)), known, x.shape
+    if not is_torch_tensor(x):
         return None
-    flags = arr.flags
-    if not flags.c_contiguous or writable and not flags.writeable:
+    try:
+        buf = as_buf(x, "tensor", writable)
+    except (TypeError, ValueError):
         return None
-    return _SENDABLE.get(arr.dtype) or sendable(arr.dtype)
+    if buf.is_bf16 or buf._writeback is not None:
+        return None                 # reduced as float32 / copied back: the api's work
+    return buf.arr, (buf.dtype_code, buf.dtype_name), buf.shape
+
+
+def _root(g, src, group_src):
+    """The group rank of a root given as a global rank or as group_src, None where the
+    api would have to look closer (or raise)."""
+    if group_src is not None:
+        if src is None and group_src.__class__ is int and 0 <= group_src < g.size:
+            return group_src
+        return None
+    ranks = g.ranks
+    if src is None:
+        return 0
+    if src.__class__ is int and src in ranks:
+        return ranks.index(src)
+    return None
 
 
 class Lane:
@@ -54,12 +83,16 @@ class Lane:
         self.g = g
         self._reducible = set()     # (op, dtype) pairs check_op accepted
 
-    def _run(self, op, opname, root, known, redop, count, shape, move, a, b):
+    def _run(self, op, opname, root, known, redop, count, shape, timeout, move, a, b):
         """Run move(comm, group, a, b) as the group's next call; False (nothing done) if an
         earlier async call is still queued or the group cannot take calls now."""
         g = self.g
         if g._closed is not None or g.hier is not None:
             return False
+        if timeout is None:
+            timeout = g.timeout
+        elif timeout.__class__ is not float and timeout.__class__ is not int or timeout <= 0:
+            return False            # a timedelta, or a value the api rejects
         # from the api's frame (3 up: _run, the lane's method, the api): always accord's
         site, where = call_site(3)
         main = on_main_thread()
@@ -84,7 +117,7 @@ class Lane:
             e[STATE] = RUNNING
             rec.current = e
             try:
-                move(Comm(t, stamp, _monotonic() + g.timeout), g, a, b)
+                move(Comm(t, stamp, _monotonic() + timeout), g, a, b)
             except BaseException as exc:
                 raise g._failed(exc, e)
             else:
@@ -98,81 +131,81 @@ class Lane:
         return True
 
     # -- the collectives: True once done, False to leave the call to the api ---------
-    def broadcast(self, tensor, src):
+    def broadcast(self, tensor, src, group_src, timeout):
         g = self.g
-        ranks = g.ranks
-        if src.__class__ is not int or src not in ranks:
+        root = _root(g, src, group_src)
+        if root is None:
             return False
-        root = ranks.index(src)
-        known = _known(tensor, g.rank != root)
-        if known is None:
+        p = _plain(tensor, g.rank != root)
+        if p is None:
             return False
-        flat = tensor if tensor.ndim == 1 else tensor.reshape(-1)
-        return self._run(_BROADCAST, "broadcast", root, known, 0, flat.nbytes, tensor.shape,
+        flat, known, shape = p
+        return self._run(_BROADCAST, "broadcast", root, known, 0, flat.nbytes, shape, timeout,
                          _broadcast, flat, root)
 
-    def all_reduce(self, tensor, op):
-        g = self.g
-        known = _known(tensor, True)
-        if known is None or op.__class__ is not ReduceOp:
+    def all_reduce(self, tensor, op, timeout):
+        p = _plain(tensor, True)
+        if p is None or op.__class__ is not ReduceOp:
             return False
-        key = (op, tensor.dtype)
+        flat, known, shape = p
+        key = (op, flat.dtype)
         if key not in self._reducible:
             try:
-                check_op(op, as_buf(tensor, "tensor"))
+                check_op(op, as_buf(flat, "tensor"))
             except TypeError:
                 return False
             self._reducible.add(key)
-        flat = tensor if tensor.ndim == 1 else tensor.reshape(-1)
-        return self._run(_ALL_REDUCE, "all_reduce", -1, known, int(op), flat.nbytes,
-                         tensor.shape, _all_reduce, flat, op)
+        return self._run(_ALL_REDUCE, "all_reduce", -1, known, int(op), flat.nbytes, shape,
+                         timeout, _all_reduce, flat, op)
 
-    def all_gather(self, outs, tensor):
+    def all_gather(self, outs, tensor, timeout):
         g = self.g
-        known = _known(tensor, False)
-        if known is None or outs.__class__ is not list or len(outs) != g.size:
+        p = _plain(tensor, False)
+        if p is None or outs.__class__ is not list or len(outs) != g.size:
             return False
-        n = tensor.nbytes
+        flat, known, shape = p
+        n = flat.nbytes
+        if n * g.size >= 64 << 10:
+            return False            # the api's in-place check matters from there
         blocks = []
         for o in outs:
             # every block this rank's size and dtype: uneven blocks take the api's path
-            if _known(o, True) is not known or o.nbytes != n:
+            b = _plain(o, True)
+            if b is None or b[1][0] != known[0] or b[0].nbytes != n:
                 return False
-            blocks.append(o if o.ndim == 1 else o.reshape(-1))
-        flat = tensor if tensor.ndim == 1 else tensor.reshape(-1)
-        if n * g.size >= 64 << 10:
-            return False            # the api's in-place check matters from there
-        return self._run(_ALL_GATHER, "all_gather", -1, known, 0, n * g.size, tensor.shape,
+            blocks.append(b[0])
+        return self._run(_ALL_GATHER, "all_gather", -1, known, 0, n * g.size, shape, timeout,
                          _all_gather, blocks, flat)
 
-    def scatter(self, tensor, ins, src):
+    def scatter(self, tensor, ins, src, group_src, timeout):
         g = self.g
-        ranks = g.ranks
-        if src.__class__ is not int or src not in ranks:
+        root = _root(g, src, group_src)
+        if root is None:
             return False
-        root = ranks.index(src)
-        known = _known(tensor, True)
-        if known is None:
+        p = _plain(tensor, True)
+        if p is None:
             return False
-        n = tensor.nbytes
+        flat, known, shape = p
+        n = flat.nbytes
         blocks = None
         if g.rank == root:
             if ins.__class__ is not list or len(ins) != g.size:
                 return False
             blocks = []
-            for b in ins:
-                if _known(b, False) is not known or b.nbytes != n:
+            for x in ins:
+                b = _plain(x, False)
+                if b is None or b[1][0] != known[0] or b[0].nbytes != n:
                     return False
-                blocks.append(b if b.ndim == 1 else b.reshape(-1))
+                blocks.append(b[0])
         elif ins is not None and len(ins):
             return False
-        flat = tensor if tensor.ndim == 1 else tensor.reshape(-1)
         # the stamp's count is -1, as the api's: a scatter's shards may differ in size
-        return self._run(_SCATTER, "scatter", root, known, 0, -1, tensor.shape, _scatter, flat,
-                         (blocks, root))
+        return self._run(_SCATTER, "scatter", root, known, 0, -1, shape, timeout, _scatter,
+                         flat, (blocks, root))
 
-    def barrier(self):
-        return self._run(_BARRIER, "barrier", -1, None, 0, 0, None, _barrier, None, None)
+    def barrier(self, timeout):
+        return self._run(_BARRIER, "barrier", -1, None, 0, 0, None, timeout, _barrier, None,
+                         None)
 
 
 # -- the moves: what the api's plan bodies do, for plain arrays ------------------------

@@ -3,7 +3,7 @@
 A rank on the lane and a rank on the general path must be the same call on the wire
 (same stamp), so every test mixes the two: one rank passes plain contiguous numpy
 arrays (the lane), the other the same call in a form the lane declines (a
-non-contiguous view, async_op=True, a timeout of its own).
+non-contiguous view, async_op=True).
 """
 import numpy as np
 import pytest
@@ -52,12 +52,13 @@ def _mixed(rank, world, numel):
         accord.all_reduce(r, op=accord.ReduceOp.MAX, async_op=True).wait()
     out["all_reduce"] = np.array(r).tolist()
 
-    outs = [np.empty(numel, np.float32) for _ in range(world)]
     if on_lane:
-        accord.all_gather(outs, x)
+        outs = [np.empty(numel, np.float32) for _ in range(world)]
+        accord.all_gather(outs, x, timeout=30)     # a timeout of its own: still the lane
     else:
-        accord.all_gather(outs, x, timeout=30)
-    out["all_gather"] = [o.tolist() for o in outs]
+        outs = [_general(np.empty(numel, np.float32)) for _ in range(world)]
+        accord.all_gather(outs, x)
+    out["all_gather"] = [np.array(o).tolist() for o in outs]
 
     mine = np.empty(numel, np.float32)
     shards = [np.full(numel, 100 + p, np.float32) for p in range(world)] if rank == 0 else None
@@ -201,3 +202,37 @@ def test_a_lost_peer_on_the_lane_is_peer_lost_naming_the_call():
     msg, took = payload
     assert msg is not None and "all_reduce #1" in msg and "rank 1" in msg, msg
     assert took < 10
+
+
+def _torch_mixed(rank, world):
+    import torch
+    from accord import lane
+    taken, run = [], lane.Lane._run
+
+    def spy(self, *args):
+        done = run(self, *args)
+        taken.append(done)
+        return done
+    lane.Lane._run = spy
+    on_lane = rank == 0
+    x = torch.arange(3, dtype=torch.float64) + rank
+    if not on_lane:
+        x = torch.zeros(6, dtype=torch.float64)[::2].copy_(x)       # a strided view
+    accord.all_reduce(x)
+    y = torch.full((2, 2), float(rank), dtype=torch.int32)
+    accord.broadcast(y, src=1)
+    z = torch.ones(2, dtype=torch.bfloat16) * (rank + 1)            # bfloat16: the api's
+    accord.all_reduce(z)
+    return x.tolist(), y.tolist(), z.tolist(), taken
+
+
+def test_torch_tensors_on_the_lane_beside_the_general_path():
+    pytest.importorskip("torch")
+    res = run_ranks(2, _torch_mixed)
+    for rank, (x, y, z, taken) in enumerate(res):
+        assert x == [1.0, 3.0, 5.0]
+        assert y == [[1, 1], [1, 1]]
+        assert z == [3.0, 3.0]
+        # rank 0: all_reduce and broadcast on the lane; rank 1: its strided view went the
+        # api's way, its broadcast the lane's; bfloat16 never the lane's
+        assert taken == ([True, True] if rank == 0 else [True]), taken
