@@ -24,7 +24,7 @@ import numpy as np
 from .algorithms import Comm
 from .algorithms import rooted
 from .algorithms.table import entry
-from .buffers import _SENDABLE, as_buf, is_torch_tensor, sendable
+from .buffers import as_buf, is_torch_tensor, sendable
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, RUNNING, STATE, T_END, T_START
@@ -45,7 +45,7 @@ def _plain(x, writable):
         flags = x.flags
         if not flags.c_contiguous or writable and not flags.writeable:
             return None
-        known = _SENDABLE.get(x.dtype) or sendable(x.dtype)
+        known = sendable(x.dtype)
         if known is None:
             return None
         return (x if x.ndim == 1 else x.reshape(-1)), known, x.shape
