@@ -197,8 +197,8 @@ class Lane:
                 if b is None or b[1][0] != known[0] or b[0].nbytes != n:
                     return False
                 blocks.append(b[0])
-        elif ins is not None and len(ins):
-            return False
+        elif ins is not None:
+            return False            # None or empty off the root: the api checks which
         # the stamp's count is -1, as the api's: a scatter's shards may differ in size
         return self._run(_SCATTER, "scatter", root, known, 0, -1, shape, timeout, _scatter,
                          flat, (blocks, root))
