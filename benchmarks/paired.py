@@ -8,7 +8,9 @@ apart, so a change is judged by running the trees in turn, round after round
 (a, b, a, b, ...), and comparing each row's median over the rounds. Each
 commit's tree is exported with `git archive` into a temporary directory and
 run from there (PYTHONPATH set to it), with this checkout's Python, so only
-accord's code differs. --env NAME=VAR=VALUE adds a variant: the first commit's
+accord's code differs. The name `.` is this checkout as it is, uncommitted
+changes and built C helper (accord/transport/_ring.c) included; an exported
+commit has no helper built, so it runs the pure-Python path. --env NAME=VAR=VALUE adds a variant: the first commit's
 tree with an environment variable set (a threshold against its default, say).
 
 Prints one line per row: each variant's median latency (µs) and, after them,
@@ -26,7 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def export(commit, into):
-    """The tree of commit, unpacked under into; returns its path."""
+    """The tree of commit, unpacked under into; returns its path (`.`: this checkout)."""
+    if commit == ".":
+        return ROOT
     path = os.path.join(into, commit.replace("/", "_"))
     os.makedirs(path)
     archive = subprocess.run(["git", "-C", ROOT, "archive", commit], check=True,

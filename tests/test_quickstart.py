@@ -1,7 +1,9 @@
 """The README's quick start, walked as a new user would: a fresh virtual environment,
 accord installed into it (from the source tree, and from the wheel `python -m build`
 makes, which `twine check` accepts with its sdist), the README's hello.py run under
-`accord run -n 4`.
+`accord run -n 4`. The source install runs where no C compiler works (CC=false), so
+the optional C helper is not built and the pure path serves; the wheel is built
+with the machine's compiler and carries the helper.
 
 The program, the command and the expected output are read from README.md itself, so
 the test fails when the README stops being true. The environments are plain venvs
@@ -15,6 +17,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,7 +63,8 @@ def _readme_output():
 def _copy_tree(dest):
     """The source tree as a fresh clone has it (no venv, no build outputs)."""
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "site", "*.egg-info", "__pycache__", ".pytest_cache"))
+        ".git", ".venv", "build", "dist", "site", "*.egg-info", "__pycache__", ".pytest_cache",
+        "*.so"))
     return dest
 
 
@@ -80,14 +85,22 @@ def _run(cmd, cwd, env=None):
     return proc.stdout
 
 
-def _fresh_venv(tmp_path, install):
-    """A plain venv with `pip install INSTALL` done, the way the README says."""
+def _fresh_venv(tmp_path, install, build_env=None):
+    """A plain venv with `pip install INSTALL` done, the way the README says
+    (build_env: more environment for that install, CC=false say)."""
     venv = tmp_path / "venv"
     # sys.executable is the test venv's python; venv builds on its base interpreter
     _run([sys.executable, "-m", "venv", venv], tmp_path)
     _run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", install], tmp_path,
-         _user_env(venv))
+         dict(_user_env(venv), **(build_env or {})))
     return venv
+
+
+def _helper_built(tmp_path, venv):
+    """Whether accord in venv has its optional C helper (accord/transport/ring_core.c)."""
+    out = _run(["python", "-c", "from accord.transport import ring_helper; "
+                "print('helper', ring_helper.built())"], tmp_path, _user_env(venv))
+    return "helper True" in out
 
 
 def _walk_quick_start(tmp_path, venv):
@@ -113,9 +126,12 @@ def _walk_quick_start(tmp_path, venv):
     assert sorted(lines) == sorted(expected), out
 
 
-def test_readme_quick_start_in_a_fresh_venv(tmp_path):
+def test_readme_quick_start_in_a_fresh_venv_without_a_c_compiler(tmp_path):
+    """pip install /path/to/accord where no C compiler works (CC=false): the optional
+    helper is not built, the install still succeeds, and accord runs its pure path."""
     src = _copy_tree(tmp_path / "accord-src")
-    venv = _fresh_venv(tmp_path, str(src))            # pip install /path/to/accord
+    venv = _fresh_venv(tmp_path, str(src), {"CC": "false"})
+    assert not _helper_built(tmp_path, venv)
     _walk_quick_start(tmp_path, venv)
 
 
@@ -125,11 +141,20 @@ def test_built_wheel_installs_and_runs_the_quick_start(tmp_path):
     # no --wheel: build makes the sdist, then the wheel from the unpacked sdist, so a
     # file missing from the sdist breaks the wheel too
     _run([sys.executable, "-m", "build", "--outdir", dist, src], tmp_path)
-    wheels = list(dist.glob("accord-*-py3-none-any.whl"))
+    # the wheel carries the compiled helper, so it is this interpreter's and platform's
+    wheels = list(dist.glob("accord-*-cp3*-linux_*.whl"))
     sdists = list(dist.glob("accord-*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, list(dist.iterdir())
+    with zipfile.ZipFile(wheels[0]) as z:
+        assert any(n.startswith("accord/transport/ring_core.") and n.endswith(".so")
+                   for n in z.namelist()), z.namelist()
+    with tarfile.open(sdists[0]) as t:
+        names = t.getnames()
+    assert any(n.endswith("/accord/transport/ring_core.c") for n in names), names
+    assert any(n.endswith("/setup.py") for n in names), names
     checked = _run([sys.executable, "-m", "twine", "check", "--strict", wheels[0], sdists[0]],
                    tmp_path)
     assert checked.count("PASSED") == 2, checked
     venv = _fresh_venv(tmp_path, str(wheels[0]))
+    assert _helper_built(tmp_path, venv)
     _walk_quick_start(tmp_path, venv)

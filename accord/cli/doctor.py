@@ -358,6 +358,12 @@ def check_kernel(r):
     r.line("INFO", f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or 'unset'}"
                    + (f" (glibc x86_non_temporal_threshold {nt}: copies larger than this "
                       "bypass the cache)" if nt else ""))
+    from accord.transport import ring_helper
+    r.line("INFO", "shared-memory ring: " + (
+        "C helper compiled and in use" if ring_helper.wanted() else
+        "C helper compiled, off (ACCORD_RING_HELPER=0): pure-Python path" if ring_helper.built()
+        else "pure-Python path (the optional C helper was not built: no C compiler when "
+             "accord was installed; reinstall with one to build it)"))
     accord_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith("ACCORD_")}
     if accord_vars:
         r.line("INFO", "settings: " + ", ".join(f"{k}={v}" for k, v in accord_vars.items()))

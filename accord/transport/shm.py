@@ -58,7 +58,7 @@ import time
 import numpy as np
 
 from ..errors import AccordError, Desync, GroupClosed
-from . import cma, cma_threshold, futex
+from . import cma, cma_threshold, futex, ring_helper
 from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
 from .wire import (COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
@@ -184,6 +184,12 @@ class _Link(StashMatching):
         self.deferred = None            # since when an unasked-for single-copy message waits
         self.departed = False           # the peer said BYE in the ring: it left on purpose
         self.eof = False                # the peer's ABORT was read: nothing follows it
+        # the C helper's view of the same words (ring_helper.py), or None: pure Python
+        self.fast = ring_helper.ring_link(
+            t._arena.mm, t.base, t.base + out_c + _PAGE, t.base + in_c + _PAGE, t.cap,
+            self.o_head_i, self.o_tail_i, self.o_want_data_i, self.i_head_i, self.i_tail_i,
+            self.i_want_space_i, self.i_want_ack_i, self.i_acked_i, self.peer_doorbell,
+            self.wake_n) if ring_helper.wanted() else None
 
     def poke_data(self, rendezvous=False):
         """New data is in our outgoing ring: wake the peer if it sleeps waiting for it.
@@ -262,6 +268,12 @@ class _Link(StashMatching):
         """A small message that fits in one contiguous piece: write, publish, wake.
 
         header: its bytes, or a Stamp (packed straight into the ring)."""
+        if self.fast is not None and header.__class__ is not bytes:
+            head = self.fast.put(self.o_head, header, buf)
+            if head < 0:
+                return False
+            self.o_head = head
+            return True
         head = self.o_head
         pos = head % self.cap
         end = pos + HEADER_SIZE + n
@@ -301,6 +313,12 @@ class _Link(StashMatching):
         matching stamp (collective) or tag (tagged), and all there in one piece."""
         if self.posted or self.incoming is not None or self.stash:
             return False
+        if self.fast is not None:
+            tail = self.fast.take(self.i_tail, stamp, tag, dest, 0.0)
+            if tail < 0:
+                return False
+            self.i_tail = tail
+            return True
         q, n = self.t.q, len(dest)
         tail = self.i_tail
         if q[self.i_head_i] - tail < HEADER_SIZE + n:
@@ -695,9 +713,19 @@ class ShmTransport(Reports):
         """Take a small awaited message straight off its ring, spinning for it briefly
         where every rank has a core; False leaves the ring as it was."""
         link = self.links[peer]
+        n = len(dest)
+        if link.fast is not None:
+            # one call: the take, the spin for it where there is one, the take again
+            if link.posted or link.incoming is not None or link.stash:
+                return False
+            tail = link.fast.take(link.i_tail, stamp, 0, dest,
+                                  self._spin_s if n <= _INLINE else 0.0)
+            if tail < 0:
+                return False
+            link.i_tail = tail
+            return True
         if link._take_whole(dest, COLL, stamp, None):      # take_inline, a call less
             return True
-        n = len(dest)
         if not self._spin_s or n > _INLINE:
             return False
         q, i, want = self.q, link.i_head_i, link.i_tail + HEADER_SIZE + n
@@ -913,9 +941,18 @@ class ShmTransport(Reports):
         there (a ping-pong's reply is on its way): one word read per turn, where the
         general path would route every byte that comes in."""
         link = self.links[peer]
+        n = len(view)
+        if link.fast is not None:
+            if link.posted or link.incoming is not None or link.stash:
+                return False
+            tail = link.fast.take(link.i_tail, None, tag, view,
+                                  float(wait_s) if n <= _INLINE else 0.0)
+            if tail < 0:
+                return False
+            link.i_tail = tail
+            return True
         if link.take_tagged(view, tag):
             return True
-        n = len(view)
         if not wait_s or n > _INLINE:
             return False
         q, i, want = self.q, link.i_head_i, link.i_tail + HEADER_SIZE + n

@@ -1,0 +1,341 @@
+/* The shared-memory ring's one-piece message, written and taken in C.
+ *
+ * Optional: transport/ring_helper.py imports this module where it was built
+ * (pip install with a C compiler builds it; the build is allowed to fail) and
+ * the shared-memory transport falls back to its pure-Python code otherwise,
+ * or when ACCORD_RING_HELPER=0. It does exactly what shm.py's
+ * _Link.write_inline / _take_whole and their wake-up checks do, on the same
+ * words of the same arena, so a helper-built rank and a pure one interoperate:
+ *
+ *   put:  room for header + payload in one contiguous piece?  header, payload,
+ *         publish head (release), full fence, wake the consumer if its
+ *         want-data flag asks for this much;
+ *   take: (spinning up to spin_s for the bytes) the next message, if it is of
+ *         the kind asked for, the destination's size, matching the stamp (a
+ *         collective) or the tag (tagged), and all there in one piece: copy it
+ *         out, publish tail (release), full fence, wake the producer if its
+ *         want-space or want-ack flag is now satisfied.
+ *
+ * Anything else (no room, a wrap, another message first, a Desync, a peer's
+ * last words) returns -1 with nothing consumed or written, and Python's general
+ * path takes over, errors included. The GIL is held throughout: a put or take
+ * never blocks, and the spin is bounded by the caller (as Python's own spin).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the wire header is little-endian: the pure path serves this machine"
+#endif
+
+#define HEADER_SIZE 32
+#define COLL 1
+#define SEQ_MASK ((((int64_t)1) << 40) - 1)
+/* FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0), as futex.py's add_and_wake */
+#define OP_ADD_ONE ((1 << 28) | (0 << 24) | (1 << 12) | 0)
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+typedef struct {
+    PyObject_HEAD
+    int64_t *q;                  /* the arena's 64-bit words */
+    char *o_ring, *i_ring;
+    int64_t cap;
+    Py_ssize_t o_head_i, o_tail_i, o_want_data_i;
+    Py_ssize_t i_head_i, i_tail_i, i_want_space_i, i_want_ack_i, i_acked_i;
+    int32_t *peer_doorbell;
+    int wake_n;
+    Py_buffer arena;             /* held: the arena cannot be unmapped under us */
+    int held;
+} RingLink;
+
+static PyObject *s_op, *s_dtype, *s_redop, *s_root, *s_seqf, *s_count;
+
+static inline int64_t load(int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void store(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+static void wake(RingLink *l)
+{
+    syscall(SYS_futex, l->peer_doorbell, FUTEX_WAKE_OP, l->wake_n, NULL, l->peer_doorbell,
+            OP_ADD_ONE);
+}
+
+static int stamp_fields(PyObject *stamp, long long out[6])
+{
+    PyObject *names[6] = {s_op, s_dtype, s_redop, s_root, s_seqf, s_count};
+    for (int i = 0; i < 6; i++) {
+        PyObject *v = PyObject_GetAttr(stamp, names[i]);
+        if (v == NULL)
+            return -1;
+        out[i] = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+        if (out[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static int RingLink_init(RingLink *self, PyObject *args, PyObject *kw)
+{
+    unsigned long long q, o_ring, i_ring, bell;
+    long long cap;
+    Py_ssize_t ix[8];
+    int wake_n;
+    PyObject *keep;
+    if (kw != NULL && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "RingLink takes no keyword arguments");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OKKKLnnnnnnnnKi", &keep, &q, &o_ring, &i_ring, &cap,
+                          &ix[0], &ix[1], &ix[2], &ix[3], &ix[4], &ix[5], &ix[6], &ix[7],
+                          &bell, &wake_n))
+        return -1;
+    if (cap <= HEADER_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "ring too small");
+        return -1;
+    }
+    self->q = (int64_t *)(uintptr_t)q;
+    self->o_ring = (char *)(uintptr_t)o_ring;
+    self->i_ring = (char *)(uintptr_t)i_ring;
+    self->cap = cap;
+    self->o_head_i = ix[0]; self->o_tail_i = ix[1]; self->o_want_data_i = ix[2];
+    self->i_head_i = ix[3]; self->i_tail_i = ix[4]; self->i_want_space_i = ix[5];
+    self->i_want_ack_i = ix[6]; self->i_acked_i = ix[7];
+    self->peer_doorbell = (int32_t *)(uintptr_t)bell;
+    self->wake_n = wake_n;
+    if (self->held) {
+        PyBuffer_Release(&self->arena);
+        self->held = 0;
+    }
+    if (PyObject_GetBuffer(keep, &self->arena, PyBUF_SIMPLE) < 0)
+        return -1;
+    self->held = 1;
+    uintptr_t lo = (uintptr_t)self->arena.buf, hi = lo + (uintptr_t)self->arena.len;
+    if (q < lo || o_ring < lo || i_ring < lo || o_ring + cap > hi || i_ring + cap > hi ||
+            bell < lo || bell + 4 > hi) {
+        PyErr_SetString(PyExc_ValueError, "addresses outside the arena");
+        return -1;
+    }
+    for (int i = 0; i < 8; i++) {
+        if (ix[i] < 0 || q + (uintptr_t)(ix[i] + 1) * 8 > hi) {
+            PyErr_SetString(PyExc_ValueError, "a word index outside the arena");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void RingLink_dealloc(RingLink *self)
+{
+    if (self->held)
+        PyBuffer_Release(&self->arena);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* put(head, stamp, view) -> the new head, or -1 (not written) */
+static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "put(head, stamp, view)");
+        return NULL;
+    }
+    long long head = PyLong_AsLongLong(args[0]);
+    if (head == -1 && PyErr_Occurred())
+        return NULL;
+    long long f[6];
+    if (stamp_fields(args[1], f) < 0)
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[2], &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t n = b.len;
+    int64_t pos = head % l->cap;
+    if (pos + HEADER_SIZE + n > l->cap ||
+            head + HEADER_SIZE + n - load(&l->q[l->o_tail_i]) > l->cap) {
+        PyBuffer_Release(&b);
+        return PyLong_FromLong(-1);
+    }
+    unsigned char *h = (unsigned char *)l->o_ring + pos;
+    int32_t root = (int32_t)f[3];
+    int64_t seqf = f[4], count = f[5];
+    uint64_t length = (uint64_t)n;
+    h[0] = COLL; h[1] = (unsigned char)f[0]; h[2] = (unsigned char)f[1];
+    h[3] = (unsigned char)f[2];
+    memcpy(h + 4, &root, 4);
+    memcpy(h + 8, &seqf, 8);
+    memcpy(h + 16, &count, 8);
+    memcpy(h + 24, &length, 8);
+    if (n)
+        memcpy(h + HEADER_SIZE, b.buf, (size_t)n);
+    PyBuffer_Release(&b);
+    head += HEADER_SIZE + n;
+    store(&l->q[l->o_head_i], head);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    int64_t w = load(&l->q[l->o_want_data_i]);
+    if (w && head >= w)
+        wake(l);
+    return PyLong_FromLongLong(head);
+}
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* take(tail, stamp, tag, view, spin_s) -> the new tail, or -1 (nothing taken).
+ * stamp: a collective's Stamp, or None for a tagged message with this tag. */
+static PyObject *RingLink_take(RingLink *l, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "take(tail, stamp, tag, view, spin_s)");
+        return NULL;
+    }
+    long long tail = PyLong_AsLongLong(args[0]);
+    if (tail == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *stamp = args[1];
+    long long f[6] = {0, 0, 0, 0, 0, 0};
+    long long tag = 0;
+    int kind;
+    if (stamp == Py_None) {
+        kind = 2;                                  /* P2P */
+        tag = PyLong_AsLongLong(args[2]);
+        if (tag == -1 && PyErr_Occurred())
+            return NULL;
+    } else {
+        kind = COLL;
+        if (stamp_fields(stamp, f) < 0)
+            return NULL;
+    }
+    double spin = PyFloat_AsDouble(args[4]);
+    if (spin == -1.0 && PyErr_Occurred())
+        return NULL;
+    Py_buffer b;
+    /* not PyBUF_WRITABLE: an empty destination may be read-only (nothing is written) */
+    if (PyObject_GetBuffer(args[3], &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t n = b.len;
+    if (n && b.readonly) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_TypeError, "cannot receive into read-only memory");
+        return NULL;
+    }
+    int64_t want = tail + HEADER_SIZE + n;
+    int64_t pos = tail % l->cap;
+    PyObject *result = NULL;
+    if (pos + HEADER_SIZE + n > l->cap)
+        goto decline;
+    if (load(&l->q[l->i_head_i]) < want) {
+        if (spin <= 0.0)
+            goto decline;
+        double end = now_s() + spin;
+        unsigned turns = 0;
+        while (load(&l->q[l->i_head_i]) < want) {
+            cpu_relax();
+            if ((++turns & 63) == 0 && now_s() >= end)
+                break;
+        }
+        if (load(&l->q[l->i_head_i]) < want)
+            goto decline;
+    }
+    const unsigned char *h = (const unsigned char *)l->i_ring + pos;
+    int32_t root;
+    int64_t seq, count;
+    uint64_t length;
+    memcpy(&root, h + 4, 4);
+    memcpy(&seq, h + 8, 8);
+    memcpy(&count, h + 16, 8);
+    memcpy(&length, h + 24, 8);
+    if (h[0] != kind || length != (uint64_t)n)
+        goto decline;
+    if (kind == COLL) {
+        if (h[1] != f[0] || ((seq ^ f[4]) & SEQ_MASK) != 0 || root != f[3] ||
+                h[2] != f[1] || h[3] != f[2] || count != f[5])
+            goto decline;
+    } else if (seq != tag) {
+        goto decline;
+    }
+    if (n)
+        memcpy(b.buf, h + HEADER_SIZE, (size_t)n);
+    tail = want;
+    store(&l->q[l->i_tail_i], tail);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    {
+        int64_t ws = load(&l->q[l->i_want_space_i]), wa = load(&l->q[l->i_want_ack_i]);
+        if ((ws && tail >= ws) || (wa && load(&l->q[l->i_acked_i]) >= wa))
+            wake(l);
+    }
+    result = PyLong_FromLongLong(tail);
+    PyBuffer_Release(&b);
+    return result;
+decline:
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(-1);
+}
+
+static PyMethodDef RingLink_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))RingLink_put, METH_FASTCALL,
+     "put(head, stamp, view) -> new head, or -1: a collective message written in one piece"},
+    {"take", (PyCFunction)(void (*)(void))RingLink_take, METH_FASTCALL,
+     "take(tail, stamp, tag, view, spin_s) -> new tail, or -1: the awaited message taken"},
+    {NULL, NULL, 0, NULL}
+};
+
+static PyTypeObject RingLinkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "accord.transport.ring_core.RingLink",
+    .tp_basicsize = sizeof(RingLink),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "RingLink(arena, q, o_ring, i_ring, cap, o_head_i, o_tail_i, o_want_data_i, "
+              "i_head_i, i_tail_i, i_want_space_i, i_want_ack_i, i_acked_i, peer_doorbell, "
+              "wake_n): one rank's two rings with a peer, by address",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)RingLink_init,
+    .tp_dealloc = (destructor)RingLink_dealloc,
+    .tp_methods = RingLink_methods,
+};
+
+static struct PyModuleDef ring_module = {
+    PyModuleDef_HEAD_INIT, "accord.transport.ring_core",
+    "The shared-memory ring's one-piece messages in C (optional; see ring_helper.py).",
+    -1, NULL, NULL, NULL, NULL, NULL
+};
+
+PyMODINIT_FUNC PyInit_ring_core(void)
+{
+    if (PyType_Ready(&RingLinkType) < 0)
+        return NULL;
+    s_op = PyUnicode_InternFromString("op");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_redop = PyUnicode_InternFromString("redop");
+    s_root = PyUnicode_InternFromString("root");
+    s_seqf = PyUnicode_InternFromString("_seqf");
+    s_count = PyUnicode_InternFromString("count");
+    if (!s_op || !s_dtype || !s_redop || !s_root || !s_seqf || !s_count)
+        return NULL;
+    PyObject *m = PyModule_Create(&ring_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RingLinkType);
+    if (PyModule_AddObject(m, "RingLink", (PyObject *)&RingLinkType) < 0) {
+        Py_DECREF(&RingLinkType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,241 @@
+"""The shared-memory ring's optional C helper (accord/transport/ring_core.c) and the choice
+between it and the pure-Python path (transport/ring_helper.py).
+
+The helper must write the very bytes the pure path writes (ranks with and without it
+share rings), decline exactly what the pure path declines (the general path then
+reports a Desync or routes the message), and wake a sleeping peer the same way. The
+pure path must still pass the tests that drive these rings: test_pure_path_passes_
+the_ring_tests runs them again with ACCORD_RING_HELPER=0.
+"""
+import ctypes
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import accord
+from accord.transport import ring_helper
+from accord.transport.wire import COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, Stamp
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parent.parent
+
+built = pytest.mark.skipif(not ring_helper.built(), reason="the C helper was not built here")
+
+# a loopback ring in one mapping: this process is producer and consumer
+HEAD, TAIL, WANT_DATA, WANT_SPACE, WANT_ACK, ACKED = 0, 8, 16, 24, 32, 40
+BELL = 512                  # byte offset of the doorbell (int32)
+RING, CAP = 4096, 8192
+
+
+class Loop:
+    def __init__(self):
+        self.mm = mmap.mmap(-1, RING + CAP)
+        self.q = np.frombuffer(self.mm, np.int64, RING // 8)
+        self.bell = np.frombuffer(self.mm, np.int32, 1, BELL)
+        self.ring = memoryview(self.mm)[RING:RING + CAP]
+        anchor = ctypes.c_char.from_buffer(self.mm)
+        base = ctypes.addressof(anchor)
+        del anchor
+        self.link = ring_helper.ring_link(self.mm, base, base + RING, base + RING, CAP,
+                                          HEAD, TAIL, WANT_DATA, HEAD, TAIL, WANT_SPACE,
+                                          WANT_ACK, ACKED, base + BELL, 1)
+
+    def put(self, stamp, payload):
+        head = self.link.put(int(self.q[HEAD]), stamp, memoryview(payload).cast("B"))
+        return head
+
+    def take(self, stamp, dest, tag=0, spin=0.0):
+        return self.link.take(int(self.q[TAIL]), stamp, tag, memoryview(dest).cast("B"), spin)
+
+
+def _stamp(seq=7, count=16, root=1, site=0):
+    return Stamp(1, seq, root=root, dtype=11, redop=0, count=count, site=site)
+
+
+@built
+def test_put_writes_the_pure_paths_bytes_and_take_reads_them_back():
+    loop = Loop()
+    x = np.arange(4, dtype=np.float32)
+    s = _stamp(site=5)
+    assert loop.put(s, x) == HEADER_SIZE + 16
+    assert loop.q[HEAD] == HEADER_SIZE + 16
+    # the header exactly as Stamp.pack_into (the pure path) writes it
+    assert bytes(loop.ring[:HEADER_SIZE]) == s.header(16)
+    assert bytes(loop.ring[HEADER_SIZE:HEADER_SIZE + 16]) == x.tobytes()
+    out = np.zeros(4, np.float32)
+    # the same call from another line (another site id) still matches: only seq counts
+    assert loop.take(_stamp(site=9), out) == HEADER_SIZE + 16
+    assert loop.q[TAIL] == HEADER_SIZE + 16
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@built
+@pytest.mark.parametrize("other", [
+    dict(seq=8), dict(count=32), dict(root=0)], ids=["seq", "count", "root"])
+def test_take_declines_another_call_and_consumes_nothing(other):
+    loop = Loop()
+    loop.put(_stamp(), np.ones(4, np.float32))
+    out = np.zeros(4, np.float32)
+    assert loop.take(_stamp(**other), out) == -1
+    assert loop.q[TAIL] == 0 and out.tolist() == [0.0] * 4       # left for the general path
+    small = np.zeros(2, np.float32)                               # another size: declined too
+    assert loop.take(_stamp(), small) == -1
+    assert loop.take(_stamp(), out) == HEADER_SIZE + 16
+
+
+@built
+def test_take_spins_for_a_message_not_there_then_declines():
+    loop = Loop()
+    out = np.zeros(4, np.float32)
+    assert loop.take(_stamp(), out, spin=0.002) == -1
+    assert loop.q[TAIL] == 0
+
+
+@built
+def test_put_declines_a_full_ring_and_a_message_that_would_wrap():
+    loop = Loop()
+    big = np.zeros((CAP - HEADER_SIZE) // 4, np.float32)
+    assert loop.put(_stamp(), big) == CAP                           # exactly fills it
+    assert loop.put(_stamp(), np.zeros(1, np.float32)) == -1        # no room
+    assert loop.q[HEAD] == CAP
+
+    loop = Loop()
+    first = np.zeros((CAP - 64 - HEADER_SIZE) // 4, np.float32)
+    assert loop.put(_stamp(), first) == CAP - 64
+    loop.q[TAIL] = CAP - 64                       # consumed: the whole ring is free again,
+    # but only 64 bytes are left before its end: a 96-byte message would wrap
+    assert loop.put(_stamp(), np.zeros(16, np.float32)) == -1
+    assert loop.q[HEAD] == CAP - 64
+    assert loop.put(_stamp(), np.zeros(2, np.float32)) == CAP - 64 + HEADER_SIZE + 8
+
+
+@built
+def test_put_wakes_a_sleeper_only_when_it_asked_for_that_much():
+    loop = Loop()
+    loop.q[WANT_DATA] = 1000                      # the consumer sleeps for head >= 1000
+    loop.put(_stamp(), np.zeros(4, np.float32))
+    assert loop.bell[0] == 0                      # not enough yet: no wake-up
+    loop.q[WANT_DATA] = 1
+    loop.put(_stamp(), np.zeros(4, np.float32))
+    assert loop.bell[0] == 1                      # FUTEX_WAKE_OP added 1 (and woke)
+
+
+@built
+def test_take_wakes_a_producer_waiting_for_room():
+    loop = Loop()
+    loop.put(_stamp(), np.zeros(4, np.float32))
+    loop.q[WANT_SPACE] = HEADER_SIZE + 16         # the producer sleeps for tail >= this
+    loop.take(_stamp(), np.zeros(4, np.float32))
+    assert loop.bell[0] == 1
+
+
+@built
+def test_take_of_a_tagged_message_matches_its_tag():
+    loop = Loop()
+    HEADER.pack_into(loop.ring, 0, P2P, OP_SEND, 0, 0, -1, 42, -1, 8)
+    loop.ring[HEADER_SIZE:HEADER_SIZE + 8] = np.arange(2, dtype=np.float32).tobytes()
+    loop.q[HEAD] = HEADER_SIZE + 8
+    out = np.zeros(2, np.float32)
+    assert loop.take(None, out, tag=41) == -1
+    assert loop.take(_stamp(), out) == -1          # a collective does not take it
+    assert loop.take(None, out, tag=42) == HEADER_SIZE + 8
+    assert out.tolist() == [0.0, 1.0]
+
+
+@built
+def test_addresses_outside_the_arena_are_refused():
+    mm = mmap.mmap(-1, RING + CAP)
+    anchor = ctypes.c_char.from_buffer(mm)
+    base = ctypes.addressof(anchor)
+    del anchor
+    with pytest.raises(ValueError, match="outside the arena"):
+        ring_helper.ring_link(mm, base, base + RING, base + RING + 4096, CAP, 0, 8, 16, 0, 8,
+                              24, 32, 40, base + BELL, 1)
+    with pytest.raises(ValueError, match="word index outside"):
+        ring_helper.ring_link(mm, base, base + RING, base + RING, CAP, 0, 8, 16, 0, 8,
+                              24, 32, (RING + CAP) // 8, base + BELL, 1)
+
+
+def test_built_wherever_a_c_compiler_was_found():
+    """`pip install` builds the helper where it finds a C compiler (make test installs
+    with the machine's gcc): a build that silently fell back would go unnoticed."""
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on this machine: the pure path is expected")
+    assert ring_helper.built(), "a C compiler is here, yet accord/transport/ring_core.c is not built"
+
+
+def _paths(rank, world, off_on):
+    """Which path each link of this rank's group took, after a round of collectives and
+    point to point across sizes that fit the ring in one piece, wrap it, or stream."""
+    if rank in off_on:
+        os.environ["ACCORD_RING_HELPER"] = "0"
+    accord.init_process_group()
+    t = accord.world.default_group().transport
+    fast = [link.fast is not None for link in t.links.values()]
+    got = []
+    for numel in (1, 100, 16384, 300000):
+        x = np.arange(numel, dtype=np.float32) + rank
+        b = x.copy()
+        accord.broadcast(b, src=1)
+        got.append(float(b.sum()))
+        r = x.copy()
+        accord.all_reduce(r)
+        got.append(float(r.sum()))
+        outs = [np.empty(numel, np.float32) for _ in range(world)]
+        accord.all_gather(outs, x)
+        got.append([float(o.sum()) for o in outs])
+        m = x.copy()
+        if rank == 0:
+            accord.send(m, 1, tag=numel)
+            accord.recv(m, 1, tag=numel)
+        elif rank == 1:
+            accord.recv(m, 0, tag=numel)
+            m += 1
+            accord.send(m, 0, tag=numel)
+        got.append(float(m.sum()))
+    accord.barrier()
+    accord.destroy_process_group()
+    return fast, got
+
+
+@built
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_with_and_without_the_helper_share_rings(world):
+    res = run_ranks(world, _paths, (0,), init=False)
+    assert res[0][0] == [False] * (world - 1)            # ACCORD_RING_HELPER=0
+    assert all(res[r][0] == [True] * (world - 1) for r in range(1, world))
+    expect = run_ranks(world, _paths, tuple(range(world)), init=False)   # all pure
+    assert [g for _, g in res] == [g for _, g in expect]
+    assert all(not any(f) for f, _ in expect)
+    # and the values themselves, for the first size
+    b0 = res[0][1][0]
+    assert b0 == float(np.arange(1, dtype=np.float32).sum() + 1)
+
+
+# the tests whose calls go through the helper's put and take (tests/test_shm.py drives
+# the rings' streaming and failure paths, which are Python's on both)
+RING_TESTS = ["tests/test_lane.py", "tests/test_desync.py", "tests/test_p2p.py",
+              "tests/transport"]
+
+
+@pytest.mark.timeout(600)
+def test_pure_path_passes_the_ring_tests():
+    """The pure-Python path is not left to rot where the helper is built: the tests that
+    drive the rings' one-piece messages (the lean path, Desync reports, point to point,
+    the transport conformance suite) pass with ACCORD_RING_HELPER=0 too."""
+    if not ring_helper.built():
+        pytest.skip("the helper is not built: the whole suite runs the pure path already")
+    env = dict(os.environ, ACCORD_RING_HELPER="0")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *RING_TESTS], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout, proc.stdout[-2000:]
