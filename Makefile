@@ -6,7 +6,8 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Each stamp re-installs when pyproject.toml changes; `rm -rf .venv` starts over.
+# Each stamp re-installs when pyproject.toml, setup.py or the C helper changes (the
+# editable install compiles accord/transport/ring_core.c in place); `rm -rf .venv` starts over.
 DEMO_STAMP := $(VENV)/.accord-demo
 TEST_STAMP := $(VENV)/.accord-test
 DOCS_STAMP := $(VENV)/.accord-docs
@@ -23,15 +24,15 @@ install: $(TEST_STAMP)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(DEMO_STAMP): pyproject.toml | $(PY)
+$(DEMO_STAMP): pyproject.toml setup.py accord/transport/ring_core.c | $(PY)
 	$(PY) -m pip install --quiet -e .
 	@touch $@
 
-$(TEST_STAMP): pyproject.toml | $(PY)
+$(TEST_STAMP): pyproject.toml setup.py accord/transport/ring_core.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
 	@touch $@
 
-$(DOCS_STAMP): pyproject.toml | $(PY)
+$(DOCS_STAMP): pyproject.toml setup.py accord/transport/ring_core.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[docs]'
 	@touch $@
 
@@ -60,4 +61,4 @@ docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf build dist site *.egg-info .pytest_cache
+	rm -rf build dist site *.egg-info .pytest_cache accord/transport/ring_core.*.so
