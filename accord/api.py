@@ -16,16 +16,13 @@ from .algorithms.reduction import piece_elems, ring_reduce_scatter
 from .algorithms.table import choose
 from .args import (buf_list, check_len, optional_list, root_rank, same_dtype, same_size,
                    split_counts)
-from .buffers import as_buf, message_view
+from .buffers import already_in_place, as_buf, message_view
 from .group import ProcessGroup
 from .options import to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
 from .work import Work, completed_work
 from .world import not_member, resolve_group
 from ._types import Tensor, Timeout
-
-
-_IN_PLACE_MIN = 64 << 10
 
 
 def _finish(*bufs):
@@ -66,10 +63,7 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout, call):
     forced = g.options.algorithms
 
     mine_block = blocks[g.rank]
-    # an input already in its place needs no copy; below _IN_PLACE_MIN the copy (onto
-    # itself, if it is) costs less than finding out (an array's address costs µs)
-    in_place = mine.nbytes >= _IN_PLACE_MIN and np.may_share_memory(mine.arr, mine_block) \
-        and mine.arr.ctypes.data == mine_block.ctypes.data
+    in_place = already_in_place(mine.arr, mine_block)
 
     def own():
         # an input that is this rank's block of the output (all_gather_into_tensor in

@@ -274,3 +274,15 @@ def message_view(obj, name, writable):
 def temp_like(buf, numel=None):
     """A fresh contiguous array with buf's dtype (bfloat16 stays int16 bits)."""
     return np.empty(buf.numel if numel is None else numel, dtype=buf.arr.dtype)
+
+
+IN_PLACE_MIN = 64 << 10
+
+
+def already_in_place(arr, block):
+    """Whether `arr` is `block` itself (same first byte): an all_gather input that is
+    already this rank's block of the output, as sharded training passes it, needs no
+    copy. Below IN_PLACE_MIN bytes the copy (onto itself, if it is) costs less than
+    finding out (an array's address costs microseconds)."""
+    return arr.nbytes >= IN_PLACE_MIN and np.may_share_memory(arr, block) and \
+        arr.ctypes.data == block.ctypes.data

@@ -24,7 +24,7 @@ import numpy as np
 from .algorithms import Comm
 from .algorithms import rooted
 from .algorithms.table import entry
-from .buffers import as_buf, is_torch_tensor, sendable
+from .buffers import already_in_place, as_buf, is_torch_tensor, sendable
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, RUNNING, STATE, T_END, T_START
@@ -165,8 +165,6 @@ class Lane:
             return False
         flat, known, shape = p
         n = flat.nbytes
-        if n * g.size >= 64 << 10:
-            return False            # the api's in-place check matters from there
         blocks = []
         for o in outs:
             # every block this rank's size and dtype: uneven blocks take the api's path
@@ -221,8 +219,12 @@ def _all_reduce(c, g, arr, op):
 
 
 def _all_gather(c, g, blocks, mine):
+    block = blocks[c.rank]
+    in_place = already_in_place(mine, block)
+
     def own():
-        blocks[c.rank][...] = mine
+        if not in_place:
+            block[...] = mine
     entry("all_gather", mine.nbytes * c.size, c, g.options.algorithms).fn(c, blocks, mine, own)
 
 

@@ -98,6 +98,40 @@ def test_lane_and_general_path_are_the_same_call(world, numel, transport):
         assert out["lane"] == ([True] * 5 if rank == lane_rank else []), out["lane"]
 
 
+def _large_all_gather(rank, world, numel):
+    """An all_gather of numel float32 a rank, on the lane on rank 0 (its input being its
+    own block of the output: in place) and on the general path elsewhere."""
+    from accord import lane
+    taken, run = [], lane.Lane._run
+
+    def spy(self, *args):
+        done = run(self, *args)
+        taken.append(done)
+        return done
+    lane.Lane._run = spy
+    outs = [np.zeros(numel, np.float32) for _ in range(world)]
+    outs[rank][...] = np.arange(numel, dtype=np.float32) * (rank + 1)
+    if rank == 0:
+        accord.all_gather(outs, outs[rank])
+        # and a separate input: copied into its block
+        again = [np.zeros(numel, np.float32) for _ in range(world)]
+        accord.all_gather(again, outs[rank].copy())
+    else:
+        accord.all_gather(outs, _general(outs[rank]))
+        again = [_general(np.zeros(numel, np.float32)) for _ in range(world)]
+        accord.all_gather(again, outs[rank].copy())
+    return ([float(o.sum(dtype=np.float64)) for o in outs],
+            [float(np.array(o).sum(dtype=np.float64)) for o in again], taken)
+
+
+@pytest.mark.parametrize("world,numel", [(2, 65536), (3, 300000)])
+def test_lane_all_gather_of_any_size_in_place_or_not(world, numel):
+    total = float(np.arange(numel, dtype=np.float64).sum())
+    for rank, (got, again, taken) in enumerate(run_ranks(world, _large_all_gather, numel)):
+        assert got == again == [total * (p + 1) for p in range(world)]
+        assert taken == ([True, True] if rank == 0 else []), taken
+
+
 def _scatter_lane_result(rank, world):
     mine = np.zeros(3, np.int64)
     shards = [np.full(3, 7 * p, np.int64) for p in range(world)] if rank == 1 else None
