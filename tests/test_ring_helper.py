@@ -48,8 +48,8 @@ class Loop:
                                           HEAD, TAIL, WANT_DATA, HEAD, TAIL, WANT_SPACE,
                                           WANT_ACK, ACKED, base + BELL, 1)
 
-    def put(self, stamp, payload):
-        head = self.link.put(int(self.q[HEAD]), stamp, memoryview(payload).cast("B"))
+    def put(self, stamp, payload, tag=0):
+        head = self.link.put(int(self.q[HEAD]), stamp, tag, memoryview(payload).cast("B"))
         return head
 
     def take(self, stamp, dest, tag=0, spin=0.0):
@@ -140,9 +140,9 @@ def test_take_wakes_a_producer_waiting_for_room():
 @built
 def test_take_of_a_tagged_message_matches_its_tag():
     loop = Loop()
-    HEADER.pack_into(loop.ring, 0, P2P, OP_SEND, 0, 0, -1, 42, -1, 8)
-    loop.ring[HEADER_SIZE:HEADER_SIZE + 8] = np.arange(2, dtype=np.float32).tobytes()
-    loop.q[HEAD] = HEADER_SIZE + 8
+    assert loop.put(None, np.arange(2, dtype=np.float32), tag=42) == HEADER_SIZE + 8
+    # the header the pure path's tagged_send writes
+    assert bytes(loop.ring[:HEADER_SIZE]) == HEADER.pack(P2P, OP_SEND, 0, 0, -1, 42, -1, 8)
     out = np.zeros(2, np.float32)
     assert loop.take(None, out, tag=41) == -1
     assert loop.take(_stamp(), out) == -1          # a collective does not take it

@@ -7,7 +7,8 @@
  * _Link.write_inline / _take_whole and their wake-up checks do, on the same
  * words of the same arena, so a helper-built rank and a pure one interoperate:
  *
- *   put:  room for header + payload in one contiguous piece?  header, payload,
+ *   put:  (a collective's or a tagged message) room for header + payload in one
+ *         contiguous piece?  header, payload,
  *         publish head (release), full fence, wake the consumer if its
  *         want-data flag asks for this much;
  *   take: (spinning up to spin_s for the bytes) the next message, if it is of
@@ -36,6 +37,8 @@
 
 #define HEADER_SIZE 32
 #define COLL 1
+#define P2P 2
+#define OP_SEND 10                       /* wire.OP_CODES["send"] */
 #define SEQ_MASK ((((int64_t)1) << 40) - 1)
 /* FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0), as futex.py's add_and_wake */
 #define OP_ADD_ONE ((1 << 28) | (0 << 24) | (1 << 12) | 0)
@@ -145,21 +148,32 @@ static void RingLink_dealloc(RingLink *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* put(head, stamp, view) -> the new head, or -1 (not written) */
+/* put(head, stamp, tag, view) -> the new head, or -1 (not written).
+ * stamp: a collective's Stamp, or None for a tagged message with this tag. */
 static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "put(head, stamp, view)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "put(head, stamp, tag, view)");
         return NULL;
     }
     long long head = PyLong_AsLongLong(args[0]);
     if (head == -1 && PyErr_Occurred())
         return NULL;
+    /* kind, op, dtype, redop, root, seq, count: a tagged message's are wire.py's
+     * (P2P, OP_SEND, 0, 0, -1, tag, -1) */
+    int kind = COLL;
     long long f[6];
-    if (stamp_fields(args[1], f) < 0)
+    if (args[1] == Py_None) {
+        kind = P2P;
+        long long tag = PyLong_AsLongLong(args[2]);
+        if (tag == -1 && PyErr_Occurred())
+            return NULL;
+        f[0] = OP_SEND; f[1] = 0; f[2] = 0; f[3] = -1; f[4] = tag; f[5] = -1;
+    } else if (stamp_fields(args[1], f) < 0) {
         return NULL;
+    }
     Py_buffer b;
-    if (PyObject_GetBuffer(args[2], &b, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(args[3], &b, PyBUF_SIMPLE) < 0)
         return NULL;
     int64_t n = b.len;
     int64_t pos = head % l->cap;
@@ -172,7 +186,7 @@ static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nar
     int32_t root = (int32_t)f[3];
     int64_t seqf = f[4], count = f[5];
     uint64_t length = (uint64_t)n;
-    h[0] = COLL; h[1] = (unsigned char)f[0]; h[2] = (unsigned char)f[1];
+    h[0] = (unsigned char)kind; h[1] = (unsigned char)f[0]; h[2] = (unsigned char)f[1];
     h[3] = (unsigned char)f[2];
     memcpy(h + 4, &root, 4);
     memcpy(h + 8, &seqf, 8);
@@ -213,7 +227,7 @@ static PyObject *RingLink_take(RingLink *l, PyObject *const *args, Py_ssize_t na
     long long tag = 0;
     int kind;
     if (stamp == Py_None) {
-        kind = 2;                                  /* P2P */
+        kind = P2P;
         tag = PyLong_AsLongLong(args[2]);
         if (tag == -1 && PyErr_Occurred())
             return NULL;
@@ -290,7 +304,7 @@ decline:
 
 static PyMethodDef RingLink_methods[] = {
     {"put", (PyCFunction)(void (*)(void))RingLink_put, METH_FASTCALL,
-     "put(head, stamp, view) -> new head, or -1: a collective message written in one piece"},
+     "put(head, stamp, tag, view) -> new head, or -1: a message written in one piece"},
     {"take", (PyCFunction)(void (*)(void))RingLink_take, METH_FASTCALL,
      "take(tail, stamp, tag, view, spin_s) -> new tail, or -1: the awaited message taken"},
     {NULL, NULL, 0, NULL}

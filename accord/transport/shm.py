@@ -269,7 +269,7 @@ class _Link(StashMatching):
 
         header: its bytes, or a Stamp (packed straight into the ring)."""
         if self.fast is not None and header.__class__ is not bytes:
-            head = self.fast.put(self.o_head, header, buf)
+            head = self.fast.put(self.o_head, header, 0, buf)
             if head < 0:
                 return False
             self.o_head = head
@@ -927,7 +927,14 @@ class ShmTransport(Reports):
     # -- the point-to-point plane (driven by transport/p2p.py's engine thread) ------
     def tagged_send(self, peer, view, tag):
         """Queue (or write at once) a tagged message; the record is done once it is out."""
-        return self._send(peer, HEADER.pack(P2P, OP_SEND, 0, 0, -1, tag, -1, len(view)), view)
+        link = self.links[peer]
+        n = len(view)
+        if link.fast is not None and n <= _INLINE and n < self.cma_min and not link.sends:
+            head = link.fast.put(link.o_head, None, tag, view)
+            if head >= 0:
+                link.o_head = head
+                return _SENT
+        return self._send(peer, HEADER.pack(P2P, OP_SEND, 0, 0, -1, tag, -1, n), view)
 
     def awaits_copy(self, record):
         """A single-copy send (its record carries an ack number) waits for the peer."""
