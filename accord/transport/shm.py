@@ -14,7 +14,9 @@ stays in /dev/shm after an exit, an exception or a SIGKILL. Inside it:
 Messages are the TCP transport's: a 32-byte stamped header, then the payload,
 streamed through the ring in chunks (the producer publishes each chunk as it
 is written, the consumer copies it out at once: a message larger than the
-ring is pipelined through it). A large message to a peer that may read this
+ring is pipelined through it). A message of up to _INLINE bytes that fits the
+ring in one contiguous piece is written whole and taken whole instead, by the
+optional C helper (ring_core.c, chosen in ring_helper.py) where it was built. A large message to a peer that may read this
 process's memory goes single-copy instead: the header carries the address of
 the sender's buffer, the receiver copies straight out of it with
 process_vm_readv and bumps `acked`; the send completes on that ack.
@@ -98,9 +100,9 @@ CHAN_MIN = 16 << 10
 P2P_CHAN_MIN = 4 << 10
 _CHUNK = 256 << 10                   # publish (and copy out) streams in pieces this big
 _INLINE = 1 << 20                    # messages up to this size are written in one go, and
-                                     # their receiver spins for them (paired rounds, AMD EPYC
-                                     # guest, world 2: 0.60-0.74x the time of 64 KiB's
-                                     # streaming at 256 KiB, 0.84-0.97x at 1 MiB)
+                                     # their receiver spins for them (against the earlier
+                                     # 64 KiB, paired rounds on an AMD EPYC guest at world 2:
+                                     # 0.60-0.74x the time at 256 KiB, 0.84-0.97x at 1 MiB)
 SPIN_US = 50.0                       # spin this long before sleeping (a quarter when
                                      # there are more ranks than cores)
 SPIN_ACK_US = 1000.0                 # ... and this long for a peer copying a single-copy send
