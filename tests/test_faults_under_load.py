@@ -65,8 +65,10 @@ def test_partition_that_drops_packets_is_named_within_the_timeout():
         assert r["error_after_drop_s"][rank] < TIMEOUT + 5, r["error_after_drop_s"]
     # each side names the other: a rank waiting across the cut names who it waited for
     named = {rank: soak.waited_on(r["ranks"][rank]["error"][1], rank) for rank in range(4)}
-    assert any(named[rank] in (2, 3) for rank in (0, 1)), named
-    assert any(named[rank] in (0, 1) for rank in (2, 3)), named
+    # the errors' own words: a text waited_on cannot read is what a failure must show
+    said = "\n".join(f"rank {k}'s error: {r['ranks'][k]['error'][1][:1000]}" for k in range(4))
+    assert any(named[rank] in (2, 3) for rank in (0, 1)), f"{named}\n{said}"
+    assert any(named[rank] in (0, 1) for rank in (2, 3)), f"{named}\n{said}"
     assert not r["problems"], "\n".join(r["problems"])
 
 
