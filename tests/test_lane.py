@@ -26,11 +26,9 @@ def _general(x):
     return v
 
 
-def _mixed(rank, world, numel):
-    lane_rank = 0 if numel % 2 else 1      # the lane on the root, then on a non-root
-    on_lane = rank == lane_rank
-    out = {}
-    # which calls the lane ran (this is a forked child: the patch dies with it)
+def _spy_on_lane():
+    """The list each call the lane is offered appends True (taken) or False to (this
+    runs in a forked child: the patch dies with it)."""
     from accord import lane
     taken, run = [], lane.Lane._run
 
@@ -39,6 +37,14 @@ def _mixed(rank, world, numel):
         taken.append(done)
         return done
     lane.Lane._run = spy
+    return taken
+
+
+def _mixed(rank, world, numel):
+    lane_rank = 0 if numel % 2 else 1      # the lane on the root, then on a non-root
+    on_lane = rank == lane_rank
+    out = {}
+    taken = _spy_on_lane()
 
     x = np.arange(numel, dtype=np.float32) + 10 * rank
     b = x.copy() if on_lane else _general(x)
@@ -101,14 +107,7 @@ def test_lane_and_general_path_are_the_same_call(world, numel, transport):
 def _large_all_gather(rank, world, numel):
     """An all_gather of numel float32 a rank, on the lane on rank 0 (its input being its
     own block of the output: in place) and on the general path elsewhere."""
-    from accord import lane
-    taken, run = [], lane.Lane._run
-
-    def spy(self, *args):
-        done = run(self, *args)
-        taken.append(done)
-        return done
-    lane.Lane._run = spy
+    taken = _spy_on_lane()
     outs = [np.zeros(numel, np.float32) for _ in range(world)]
     outs[rank][...] = np.arange(numel, dtype=np.float32) * (rank + 1)
     if rank == 0:
@@ -240,14 +239,7 @@ def test_a_lost_peer_on_the_lane_is_peer_lost_naming_the_call():
 
 def _torch_mixed(rank, world):
     import torch
-    from accord import lane
-    taken, run = [], lane.Lane._run
-
-    def spy(self, *args):
-        done = run(self, *args)
-        taken.append(done)
-        return done
-    lane.Lane._run = spy
+    taken = _spy_on_lane()
     on_lane = rank == 0
     x = torch.arange(3, dtype=torch.float64) + rank
     if not on_lane:
