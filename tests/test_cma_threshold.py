@@ -64,3 +64,64 @@ def _set(rank, world):
 @pytest.mark.parametrize("value,want", [("2M", 2 * MiB), ("0", 1 << 62)])
 def test_a_set_threshold_is_used_as_it_is_and_nothing_is_measured(value, want):
     assert run_ranks(2, _set, init=False, env={"ACCORD_SHM_CMA": value}) == [(want, False)] * 2
+
+
+class _TimedTransport:
+    """A stand-in for the probe's transport: each ring swap and each single-copy swap
+    takes the next of the given times (seconds), by the probe's own clock."""
+
+    def __init__(self, clock, ring_times, cma_times):
+        self.cma_min = 4 * MiB
+        self._clock, self._ring, self._cma = clock, list(ring_times), list(cma_times)
+
+    def exchange(self, sends, recvs, stamp, deadline, ring=False):
+        self._clock.now += (self._ring if ring else self._cma).pop(0)
+
+
+class _Clock:
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("ring_times, cma_times, want", [
+    # single copy 0.6x the ring in every pair: it wins
+    ([1.0] * 8, [0.6] * 8, MiB),
+    # as fast as the ring but for one pair where the ring was held up by a burst of
+    # load: the ring stays (a verdict from the best times alone went to single copy)
+    ([1.0, 1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0], [0.95, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.1],
+     4 * MiB),
+    # single copy 0.9x the ring: too little to leave the rings (both cores copy there)
+    ([1.0] * 8, [0.9] * 8, 4 * MiB),
+])
+def test_the_verdict_is_the_median_of_paired_swaps(monkeypatch, ring_times, cma_times, want):
+    from accord.transport import cma_threshold
+    clock = _Clock()
+    monkeypatch.setattr(cma_threshold.time, "perf_counter", clock)
+    t = _TimedTransport(clock, ring_times, cma_times)
+    assert cma_threshold._probe(t, 1, None) == want
+    assert t.cma_min == 4 * MiB                  # put back as it was
+    assert not t._ring and not t._cma            # one warm-up and seven pairs
+
+
+def _resident_arena_bytes(rank, world):
+    import accord
+    t = accord.world.default_group().transport
+    rss, in_arena = None, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split(None, 1)[0]
+            if not first.endswith(":"):             # a mapping's first line: its range, ...
+                in_arena = "/accord-" in line      # ... and the file's name
+            elif first == "Rss:" and in_arena:
+                rss = int(line.split()[1]) * 1024
+    return rss, 2 * (world - 1) * (t.cap + t.p2p.cap)
+
+
+def test_every_ring_a_rank_uses_is_mapped_in_before_the_first_call():
+    # first touches cost a fault per page (a cold 1 MiB swap took several times a
+    # warm one): a new group maps its rings in at once, so no call pays them
+    for rss, ring_bytes in run_ranks(3, _resident_arena_bytes, env={"ACCORD_SHM_CMA": "0"}):
+        assert rss is not None, "no shared-memory arena among this process's mappings"
+        assert rss >= ring_bytes, (rss, ring_bytes)
