@@ -36,7 +36,7 @@ RING, CAP = 4096, 8192
 
 
 class Loop:
-    def __init__(self):
+    def __init__(self, rewind=CAP):
         self.mm = mmap.mmap(-1, RING + CAP)
         self.q = np.frombuffer(self.mm, np.int64, RING // 8)
         self.bell = np.frombuffer(self.mm, np.int32, 1, BELL)
@@ -46,7 +46,7 @@ class Loop:
         del anchor
         self.link = ring_helper.ring_link(self.mm, base, base + RING, base + RING, CAP,
                                           HEAD, TAIL, WANT_DATA, HEAD, TAIL, WANT_SPACE,
-                                          WANT_ACK, ACKED, base + BELL, 1)
+                                          WANT_ACK, ACKED, base + BELL, 1, rewind)
 
     def put(self, stamp, payload, tag=0):
         head = self.link.put(int(self.q[HEAD]), stamp, tag, memoryview(payload).cast("B"))
@@ -110,11 +110,58 @@ def test_put_declines_a_full_ring_and_a_message_that_would_wrap():
     loop = Loop()
     first = np.zeros((CAP - 64 - HEADER_SIZE) // 4, np.float32)
     assert loop.put(_stamp(), first) == CAP - 64
-    loop.q[TAIL] = CAP - 64                       # consumed: the whole ring is free again,
-    # but only 64 bytes are left before its end: a 96-byte message would wrap
+    # not consumed, and only 64 bytes are left before the ring's end: a 96-byte
+    # message would wrap
     assert loop.put(_stamp(), np.zeros(16, np.float32)) == -1
     assert loop.q[HEAD] == CAP - 64
+    loop.q[TAIL] = CAP - 128                      # partly consumed: still no rewind
+    assert loop.put(_stamp(), np.zeros(16, np.float32)) == -1
     assert loop.put(_stamp(), np.zeros(2, np.float32)) == CAP - 64 + HEADER_SIZE + 8
+
+
+@built
+@pytest.mark.parametrize("helper", [True, False], ids=["helper", "pure"])
+def test_an_empty_ring_starts_over_at_its_beginning(helper):
+    """A one-piece message that would reach past the rewind offset of an empty ring is
+    written at offset 0 behind a pad to the ring's end, so the bytes a link cycles
+    through stay few (and in cache); the reader skips the pad, on either path."""
+    loop = Loop(rewind=4096)
+    first = np.zeros((CAP - 64 - HEADER_SIZE) // 4, np.float32)
+    assert loop.put(_stamp(), first) == CAP - 64
+    loop.q[TAIL] = CAP - 64                       # consumed: the ring is empty
+    x = np.arange(16, dtype=np.float32)
+    assert loop.put(_stamp(), x) == CAP + HEADER_SIZE + 64
+    assert HEADER.unpack_from(loop.ring, CAP - 64) == (0x20, 0, 0, 0, -1, 0, -1,
+                                                        64 - HEADER_SIZE)
+    assert bytes(loop.ring[:HEADER_SIZE]) == _stamp().header(64)
+    assert bytes(loop.ring[HEADER_SIZE:HEADER_SIZE + 64]) == x.tobytes()
+    out = np.zeros(16, np.float32)
+    if helper:
+        assert loop.take(_stamp(), out) == CAP + HEADER_SIZE + 64
+    else:
+        assert _pure_take(loop, out)
+    assert out.tolist() == x.tolist()
+    # below the rewind offset an empty ring is written on where it is
+    assert loop.put(_stamp(), x) == CAP + 2 * (HEADER_SIZE + 64)
+
+
+def _pure_take(loop, out):
+    """shm.py's pure-Python take of the same loopback ring."""
+    from accord.transport import shm
+    link = shm._Link.__new__(shm._Link)
+    link.t = type("T", (), {"q": loop.q})()
+    link.cap, link.i_ring = CAP, loop.ring
+    link.i_head_i, link.i_tail_i = HEAD, TAIL
+    link.i_want_space_i, link.i_want_ack_i, link.i_acked_i = WANT_SPACE, WANT_ACK, ACKED
+    link.posted = link.stash = ()
+    link.incoming, link.fast = None, None
+    link.i_tail = int(loop.q[TAIL])
+    link.peer_doorbell, link.wake_n = 0, 1
+    link.poke_space = lambda: None
+    if not link._take_whole(memoryview(out).cast("B"), 1, _stamp(), None):
+        return False
+    assert loop.q[TAIL] == link.i_tail == CAP + HEADER_SIZE + 64
+    return True
 
 
 @built
@@ -158,10 +205,10 @@ def test_addresses_outside_the_arena_are_refused():
     del anchor
     with pytest.raises(ValueError, match="outside the arena"):
         ring_helper.ring_link(mm, base, base + RING, base + RING + 4096, CAP, 0, 8, 16, 0, 8,
-                              24, 32, 40, base + BELL, 1)
+                              24, 32, 40, base + BELL, 1, CAP)
     with pytest.raises(ValueError, match="word index outside"):
         ring_helper.ring_link(mm, base, base + RING, base + RING, CAP, 0, 8, 16, 0, 8,
-                              24, 32, (RING + CAP) // 8, base + BELL, 1)
+                              24, 32, (RING + CAP) // 8, base + BELL, 1, CAP)
 
 
 def test_built_wherever_a_c_compiler_was_found():
@@ -218,6 +265,41 @@ def test_ranks_with_and_without_the_helper_share_rings(world):
     # and the values themselves, for the first size
     b0 = res[0][1][0]
     assert b0 == float(np.arange(1, dtype=np.float32).sum() + 1)
+
+
+def _cycling(rank, world, off_on):
+    """40 rounds of 256 KiB all_reduce, broadcast and tagged exchange: 30 MiB through
+    4 MiB rings. Returns the results and the farthest any ring's head got from its
+    beginning."""
+    if rank in off_on:
+        os.environ["ACCORD_RING_HELPER"] = "0"
+    accord.init_process_group()
+    t = accord.world.default_group().transport
+    assert t.cap == 4 << 20
+    reach, got = 0, []
+    for i in range(40):
+        x = np.arange(65536, dtype=np.float32) + rank + i
+        accord.all_reduce(x)
+        got.append(float(x[1]))
+        accord.broadcast(x, src=i % world)
+        got.append(float(x[-1]))
+        reach = max([reach] + [link.o_head % link.cap for link in t.links.values()])
+    accord.barrier()
+    accord.destroy_process_group()
+    return got, reach
+
+
+@built
+def test_rings_start_over_when_empty_between_ranks_with_and_without_the_helper():
+    res = run_ranks(2, _cycling, (0,), init=False)
+    got, reach = res[0]
+    assert res[1][0] == got
+    # all_reduce of ranks 0 and 1 (3 + 2i at index 1), then rank i % 2's broadcast
+    assert got[0::2] == [float(3 + 2 * i) for i in range(40)]
+    assert got[1::2] == [float(2 * (65535 + i) + 1) for i in range(40)]
+    # the 256 KiB messages stayed in the rings' first megabyte (and one message past it),
+    # on either rank: without the pad they would cycle through all 4 MiB
+    assert max(reach, res[1][1]) <= (1 << 20) + 64 + (256 << 10) + 32
 
 
 # the tests whose calls go through the helper's put and take (tests/test_shm.py drives

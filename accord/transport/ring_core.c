@@ -8,12 +8,14 @@
  * words of the same arena, so a helper-built rank and a pure one interoperate:
  *
  *   put:  (a collective's or a tagged message) room for header + payload in one
- *         contiguous piece?  header, payload,
+ *         contiguous piece (an empty ring whose head is past `rewind` gets a pad
+ *         to its end first, and the message at its beginning)?  header, payload,
  *         publish head (release), full fence, wake the consumer if its
  *         want-data flag asks for this much;
  *   take: (spinning up to spin_s for the bytes) the next message, if it is of
  *         the kind asked for, the destination's size, matching the stamp (a
- *         collective) or the tag (tagged), and all there in one piece: copy it
+ *         collective) or the tag (tagged), and all there in one piece (past a
+ *         pad, if one is next): copy it
  *         out, publish tail (release), full fence, wake the producer if its
  *         want-space or want-ack flag is now satisfied.
  *
@@ -38,6 +40,7 @@
 #define HEADER_SIZE 32
 #define COLL 1
 #define P2P 2
+#define PAD 0x20                         /* shm.py's _PAD: empty to the ring's end */
 #define OP_SEND 10                       /* wire.OP_CODES["send"] */
 #define SEQ_MASK ((((int64_t)1) << 40) - 1)
 /* FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0), as futex.py's add_and_wake */
@@ -57,6 +60,7 @@ typedef struct {
     int64_t *q;                  /* the arena's 64-bit words */
     char *o_ring, *i_ring;
     int64_t cap;
+    int64_t rewind;              /* shm.py's _Link.rewind: where an empty ring starts over */
     Py_ssize_t o_head_i, o_tail_i, o_want_data_i;
     Py_ssize_t i_head_i, i_tail_i, i_want_space_i, i_want_ack_i, i_acked_i;
     int32_t *peer_doorbell;
@@ -94,7 +98,7 @@ static int stamp_fields(PyObject *stamp, long long out[6])
 static int RingLink_init(RingLink *self, PyObject *args, PyObject *kw)
 {
     unsigned long long q, o_ring, i_ring, bell;
-    long long cap;
+    long long cap, rewind;
     Py_ssize_t ix[8];
     int wake_n;
     PyObject *keep;
@@ -102,9 +106,9 @@ static int RingLink_init(RingLink *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_TypeError, "RingLink takes no keyword arguments");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OKKKLnnnnnnnnKi", &keep, &q, &o_ring, &i_ring, &cap,
+    if (!PyArg_ParseTuple(args, "OKKKLnnnnnnnnKiL", &keep, &q, &o_ring, &i_ring, &cap,
                           &ix[0], &ix[1], &ix[2], &ix[3], &ix[4], &ix[5], &ix[6], &ix[7],
-                          &bell, &wake_n))
+                          &bell, &wake_n, &rewind))
         return -1;
     if (cap <= HEADER_SIZE) {
         PyErr_SetString(PyExc_ValueError, "ring too small");
@@ -114,6 +118,7 @@ static int RingLink_init(RingLink *self, PyObject *args, PyObject *kw)
     self->o_ring = (char *)(uintptr_t)o_ring;
     self->i_ring = (char *)(uintptr_t)i_ring;
     self->cap = cap;
+    self->rewind = rewind;
     self->o_head_i = ix[0]; self->o_tail_i = ix[1]; self->o_want_data_i = ix[2];
     self->i_head_i = ix[3]; self->i_tail_i = ix[4]; self->i_want_space_i = ix[5];
     self->i_want_ack_i = ix[6]; self->i_acked_i = ix[7];
@@ -175,10 +180,25 @@ static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nar
     Py_buffer b;
     if (PyObject_GetBuffer(args[3], &b, PyBUF_SIMPLE) < 0)
         return NULL;
-    int64_t n = b.len;
+    int64_t n = b.len, size = HEADER_SIZE + n;
     int64_t pos = head % l->cap;
-    if (pos + HEADER_SIZE + n > l->cap ||
-            head + HEADER_SIZE + n - load(&l->q[l->o_tail_i]) > l->cap) {
+    int64_t tail = load(&l->q[l->o_tail_i]);
+    if (pos + size > l->rewind && head == tail && size <= pos &&
+            l->cap - pos >= HEADER_SIZE) {
+        /* the ring is empty: a pad to its end, and the message at its beginning */
+        unsigned char *p = (unsigned char *)l->o_ring + pos;
+        int32_t none = -1;
+        int64_t zero = 0, minus = -1;
+        uint64_t rest = (uint64_t)(l->cap - pos - HEADER_SIZE);
+        p[0] = PAD; p[1] = 0; p[2] = 0; p[3] = 0;
+        memcpy(p + 4, &none, 4);
+        memcpy(p + 8, &zero, 8);
+        memcpy(p + 16, &minus, 8);
+        memcpy(p + 24, &rest, 8);
+        head += l->cap - pos;
+        pos = 0;
+    }
+    if (pos + size > l->cap || head + size - tail > l->cap) {
         PyBuffer_Release(&b);
         return PyLong_FromLong(-1);
     }
@@ -252,8 +272,10 @@ static PyObject *RingLink_take(RingLink *l, PyObject *const *args, Py_ssize_t na
     int64_t want = tail + HEADER_SIZE + n;
     int64_t pos = tail % l->cap;
     PyObject *result = NULL;
-    if (pos + HEADER_SIZE + n > l->cap)
+    if (pos + HEADER_SIZE > l->cap)
         goto decline;
+    /* a pad and the message after it are published at once (put's rewind), so
+     * once `want` is there, a message after a pad is all there too */
     if (load(&l->q[l->i_head_i]) < want) {
         if (spin <= 0.0)
             goto decline;
@@ -268,6 +290,20 @@ static PyObject *RingLink_take(RingLink *l, PyObject *const *args, Py_ssize_t na
             goto decline;
     }
     const unsigned char *h = (const unsigned char *)l->i_ring + pos;
+    if (h[0] == PAD) {
+        uint64_t rest;
+        memcpy(&rest, h + 24, 8);
+        if (rest != (uint64_t)(l->cap - pos - HEADER_SIZE))
+            goto decline;                /* the general path names the corrupt header */
+        tail += l->cap - pos;
+        want = tail + HEADER_SIZE + n;
+        pos = 0;
+        h = (const unsigned char *)l->i_ring;
+        if (load(&l->q[l->i_head_i]) < want)
+            goto decline;
+    }
+    if (pos + HEADER_SIZE + n > l->cap)
+        goto decline;
     int32_t root;
     int64_t seq, count;
     uint64_t length;
@@ -317,7 +353,7 @@ static PyTypeObject RingLinkType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "RingLink(arena, q, o_ring, i_ring, cap, o_head_i, o_tail_i, o_want_data_i, "
               "i_head_i, i_tail_i, i_want_space_i, i_want_ack_i, i_acked_i, peer_doorbell, "
-              "wake_n): one rank's two rings with a peer, by address",
+              "wake_n, rewind): one rank's two rings with a peer, by address",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)RingLink_init,
     .tp_dealloc = (destructor)RingLink_dealloc,

@@ -16,7 +16,13 @@ streamed through the ring in chunks (the producer publishes each chunk as it
 is written, the consumer copies it out at once: a message larger than the
 ring is pipelined through it). A message of up to _INLINE bytes that fits the
 ring in one contiguous piece is written whole and taken whole instead, by the
-optional C helper (ring_core.c, chosen in ring_helper.py) where it was built. A large message to a peer that may read this
+optional C helper (ring_core.c, chosen in ring_helper.py) where it was built.
+Such a message that finds its ring empty with the head past REWIND starts the
+ring over: a pad header to the ring's end, the message at offset 0 (pad and
+message published at once). A link's traffic then cycles through its ring's
+first megabyte, which stays in cache, not through all of it (4 MiB each way per
+pair: 48 MiB at world 4, more than this kind of machine's last-level cache).
+A large message to a peer that may read this
 process's memory goes single-copy instead: the header carries the address of
 the sender's buffer, the receiver copies straight out of it with
 process_vm_readv and bumps `acked`; the send completes on that ack.
@@ -104,6 +110,10 @@ _INLINE = 1 << 20                    # messages up to this size are written in o
                                      # their receiver spins for them (against the earlier
                                      # 64 KiB, paired rounds on an AMD EPYC guest at world 2:
                                      # 0.60-0.74x the time at 256 KiB, 0.84-0.97x at 1 MiB)
+_PAD = 0x20                          # header kind: the ring is empty from here to its end,
+                                     # the next message starts at offset 0 (_Link.rewind)
+REWIND = (1 << 20) + 2 * HEADER_SIZE  # a one-piece message that would reach past this
+                                     # offset of an empty ring starts over at its beginning
 SPIN_US = 50.0                       # spin this long before sleeping (a quarter when
                                      # there are more ranks than cores)
 SPIN_ACK_US = 1000.0                 # ... and this long for a peer copying a single-copy send
@@ -156,6 +166,7 @@ class _Link(StashMatching):
         me = t.rank
         out_c, in_c = t.chan_offset(me, peer), t.chan_offset(peer, me)
         self.cap = t.cap
+        self.rewind = min(t.cap, REWIND)
         self.o_head_i, self.o_tail_i = (out_c + _C_HEAD) // 8, (out_c + _C_TAIL) // 8
         self.o_acked_i, self.o_cma_ok_i = (out_c + _C_ACKED) // 8, (out_c + _C_CMA_OK) // 8
         self.i_head_i, self.i_tail_i = (in_c + _C_HEAD) // 8, (in_c + _C_TAIL) // 8
@@ -195,7 +206,7 @@ class _Link(StashMatching):
             t._arena.mm, t.base, t.base + out_c + _PAGE, t.base + in_c + _PAGE, t.cap,
             self.o_head_i, self.o_tail_i, self.o_want_data_i, self.i_head_i, self.i_tail_i,
             self.i_want_space_i, self.i_want_ack_i, self.i_acked_i, self.peer_doorbell,
-            self.wake_n) if ring_helper.wanted() else None
+            self.wake_n, self.rewind) if ring_helper.wanted() else None
 
     def poke_data(self, rendezvous=False):
         """New data is in our outgoing ring: wake the peer if it sleeps waiting for it.
@@ -280,12 +291,19 @@ class _Link(StashMatching):
                 return False
             self.o_head = head
             return True
-        head = self.o_head
-        pos = head % self.cap
-        end = pos + HEADER_SIZE + n
-        if end > self.cap or head + HEADER_SIZE + n - self.t.q[self.o_tail_i] > self.cap:
+        head, cap, ring = self.o_head, self.cap, self.o_ring
+        pos = head % cap
+        size = HEADER_SIZE + n
+        tail = self.t.q[self.o_tail_i]
+        if pos + size > self.rewind and head == tail and size <= pos and \
+                cap - pos >= HEADER_SIZE:
+            # the ring is empty: start over at its beginning (see rewind)
+            HEADER.pack_into(ring, pos, _PAD, 0, 0, 0, -1, 0, -1, cap - pos - HEADER_SIZE)
+            head += cap - pos
+            pos = 0
+        end = pos + size
+        if end > cap or head + size - tail > cap:
             return False
-        ring = self.o_ring
         if header.__class__ is bytes:
             ring[pos:pos + HEADER_SIZE] = header
         else:
@@ -325,13 +343,20 @@ class _Link(StashMatching):
                 return False
             self.i_tail = tail
             return True
-        q, n = self.t.q, len(dest)
+        q, n, cap = self.t.q, len(dest), self.cap
         tail = self.i_tail
-        if q[self.i_head_i] - tail < HEADER_SIZE + n:
+        avail = q[self.i_head_i] - tail
+        pos = tail % cap
+        if avail >= HEADER_SIZE and pos + HEADER_SIZE <= cap and self.i_ring[pos] == _PAD:
+            if HEADER.unpack_from(self.i_ring, pos)[7] != cap - pos - HEADER_SIZE:
+                return False                # the general path names the corrupt header
+            avail -= cap - pos
+            tail += cap - pos
+            pos = 0
+        if avail < HEADER_SIZE + n:
             return False
-        pos = tail % self.cap
         start = pos + HEADER_SIZE
-        if start + n > self.cap:
+        if start + n > cap:
             return False
         h = HEADER.unpack_from(self.i_ring, pos)
         if h[0] != kind or h[7] != n or \
@@ -355,6 +380,19 @@ class _Link(StashMatching):
         return moved
 
     # -- reading -------------------------------------------------------------
+    def next_header(self):
+        """The header of the next message in the ring (past a pad), or None while it
+        is not all there; nothing is consumed."""
+        avail = self.t.q[self.i_head_i] - self.i_tail
+        if avail < HEADER_SIZE:
+            return None
+        h = HEADER.unpack(bytes(self._peek(HEADER_SIZE)))
+        if h[0] != _PAD:
+            return h
+        if avail < HEADER_SIZE + h[7] + HEADER_SIZE:
+            return None
+        return HEADER.unpack_from(self.i_ring, 0)
+
     def _peek(self, n):
         pos = self.i_tail % self.cap
         if pos + n <= self.cap:
@@ -389,6 +427,13 @@ class _Link(StashMatching):
                         h = HEADER.unpack(self._peek(HEADER_SIZE))
                     kind = h[0]
                     n = h[7]
+                    if kind == _PAD:
+                        if pos + HEADER_SIZE + n != self.cap or avail < HEADER_SIZE + n:
+                            raise self.t.corrupt(self.peer, h, "a ring pad that does not "
+                                                 "reach the ring's end")
+                        self.i_tail += HEADER_SIZE + n
+                        consumed = moved = True
+                        continue
                     if kind == COLL and avail >= HEADER_SIZE + n and \
                             pos + HEADER_SIZE + n <= self.cap:
                         # the whole message is there in one piece: the common small case
@@ -877,10 +922,8 @@ class ShmTransport(Reports):
         for link in self.links.values():
             if link.incoming is not None or link.posted:
                 continue
-            if self.q[link.i_head_i] - link.i_tail < HEADER_SIZE:
-                continue
-            h = HEADER.unpack(bytes(link._peek(HEADER_SIZE)))
-            if h[0] & ~_CMA_FLAG != COLL:
+            h = link.next_header()
+            if h is None or h[0] & ~_CMA_FLAG != COLL:
                 continue
             h = (COLL,) + h[1:]
             if header_problem(h) is None and header_seq(h) <= stamp.seq and \
