@@ -9,7 +9,7 @@ apart, so a change is judged by running the trees in turn, round after round
 commit's tree is exported with `git archive` into a temporary directory and
 run from there (PYTHONPATH set to it), with this checkout's Python, so only
 accord's code differs. The name `.` is this checkout as it is, uncommitted
-changes and built C helper (accord/transport/_ring.c) included; an exported
+changes and built C helper (accord/transport/ring_core.c) included; an exported
 commit has no helper built, so it runs the pure-Python path. --env NAME=VAR=VALUE adds a variant: the first commit's
 tree with an environment variable set (a threshold against its default, say).
 
