@@ -2,6 +2,7 @@
 import csv
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -12,8 +13,8 @@ from accord.cli.bench import CSV_FIELDS, fmt_size, parse_size
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def bench(*args, timeout=50):
-    env = dict(os.environ)
+def bench(*args, timeout=50, **setenv):
+    env = dict(os.environ, **setenv)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     env.pop("ACCORD_TRANSPORT", None)
     return subprocess.run([sys.executable, "-m", "accord", "bench", *args], cwd=ROOT, env=env,
@@ -75,9 +76,26 @@ def test_quick_accord(tmp_path):
     assert "barrier" in p.stdout
     assert "GLIBC_TUNABLES=" in p.stdout            # the run says which setting it used
     assert "[world 2] accord:" in p.stderr          # progress
+    # which path the large rows took: the group's measured single-copy threshold
+    assert re.search(r"^accord's single-copy threshold \(measured when each group was "
+                     r"created\): (1|4) MiB$", p.stdout, re.M), p.stdout
     rows = read_csv(out)
     check_rows(rows, "accord", ["broadcast", "all_gather", "scatter", "all_reduce"],
                [8, 1024, 65536])
+
+
+@pytest.mark.timeout(60)
+def test_the_single_copy_threshold_of_each_run_is_named(tmp_path):
+    md = tmp_path / "t.md"
+    p = bench("--quick", "-n", "2", "--ops", "broadcast", "--sizes", "8", "--no-barrier",
+              "--repeat", "2", "--markdown", str(md), ACCORD_SHM_CMA="0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = "accord's single-copy threshold (set by ACCORD_SHM_CMA): off, off (one per run)"
+    assert line in p.stdout.splitlines() and line in md.read_text().splitlines()
+    p = bench("--quick", "-n", "2", "--ops", "broadcast", "--sizes", "8", "--no-barrier",
+              "--transport", "tcp")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "single-copy threshold" not in p.stdout         # TCP links: no such choice
 
 
 @pytest.mark.timeout(60)

@@ -340,7 +340,7 @@ def run_lib(lib, world, settings, progress, label=None):
     """Run one library at one world size; return its rows (dicts)."""
     cmd = _command(lib, world, settings)
     steps = len(settings.sizes) * len(settings.ops) + (1 if settings.barrier else 0)
-    rows, other = [], []
+    rows, other, facts = [], [], {}
     label = label or {"mpi": "mpich"}.get(lib, lib)
     started = time.monotonic()
     with tempfile.TemporaryFile(mode="w+") as err:
@@ -386,8 +386,11 @@ def run_lib(lib, world, settings, progress, label=None):
                         step += 1
                     progress.show(f"[world {world}] {label}: {current} "
                                   f"({step}/{steps}, {time.monotonic() - started:.0f}s)")
+                elif "facts" in msg:
+                    facts = msg["facts"]
                 elif "row" in msg:
                     r = msg["row"]
+                    r.update(facts)
                     r["transport"] = {"accord": settings.transport, "gloo": "tcp"}.get(lib, "")
                     r["glibc_tunables"] = settings.glibc
                     r["repeats"] = 1
@@ -625,6 +628,22 @@ def merge_runs(runs):
     return out
 
 
+def single_copy_line(runs):
+    """A line naming the single-copy threshold each accord run's group used (it decides
+    which path the rows from 1 MiB take), or "" where no run reported one."""
+    seen = [rows[0].get("single_copy_min") for rows in runs if rows]
+    if not any(v is not None for v in seen):
+        return ""
+
+    def fmt(v):
+        return "none (no shared memory)" if v is None else "off" if v < 0 else fmt_size(v)
+    each = ", ".join(fmt(v) for v in seen)
+    how = ("set by ACCORD_SHM_CMA" if os.environ.get("ACCORD_SHM_CMA", "").strip()
+           else "measured when each group was created")
+    return (f"accord's single-copy threshold ({how}): {each}"
+            + (" (one per run)" if len(seen) > 1 else ""))
+
+
 def _cpu_model():
     """The CPU's model name (Linux), or "": the same row moves with it (the rings' speed
     against single copy's differs between CPU families), so a table names it."""
@@ -716,6 +735,7 @@ def main(args):
                                                      for r in bad})))
                 runs[lib].append(rows)
         world_rows, ran = [], []
+        chosen = single_copy_line(runs.get("accord", []))
         for lib in libs:
             if runs[lib] and lib not in failed:
                 world_rows += merge_runs(runs[lib])
@@ -724,8 +744,10 @@ def main(args):
         header, lines = table_rows(world_rows, world, ran, settings)
         print(f"\n## world {world}", flush=True)
         print(format_table(header, lines) if lines else "(no results)", flush=True)
+        if chosen:
+            print(chosen, flush=True)
         mh, ml = table_rows(world_rows, world, ran, settings, markdown=True)
-        md.append((world, mh, ml))
+        md.append((world, mh, ml, chosen))
     end_load = _load()
     print(f"\n# load average at the end: {end_load}", flush=True)
     print("\n" + legend(settings).replace("  \n", "\n"), flush=True)
@@ -738,8 +760,10 @@ def main(args):
         with open(settings.markdown, "w") as f:
             f.write("Command:\n\n```\n" + command_line() + "\n```\n\n")
             f.write("\n".join(h.lstrip("# ") for h in head[1:]) .replace("\n", "  \n") + "\n")
-            for world, mh, ml in md:
+            for world, mh, ml, chosen in md:
                 f.write(f"\n### world {world}\n\n" + format_markdown(mh, ml) + "\n")
+                if chosen:
+                    f.write(f"\n{chosen}\n")
             f.write(f"\nLoad average at the end: {end_load}.  \n" + legend(settings) + "\n")
         progress.say(f"wrote {settings.markdown}")
     if settings.plot and all_rows:

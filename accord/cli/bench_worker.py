@@ -125,6 +125,16 @@ class AccordLib:
     def p2p(self, size):
         return p2p_ops(TorchStyle(self.dist, lambda a: a), self.rank, self.world, size)
 
+    def facts(self):
+        """What this run's group chose that moves its rows: the shared-memory single-copy
+        threshold in bytes (measured when the group is created unless ACCORD_SHM_CMA is
+        set; -1: single copy off), or None where the group has no shared-memory links."""
+        t = self.dist.world.default_group().transport
+        cma_min = getattr(t, "cma_min", None)
+        if cma_min is None:
+            return {"single_copy_min": None}
+        return {"single_copy_min": -1 if cma_min >= 1 << 62 else int(cma_min)}
+
     def close(self):
         self.dist.destroy_process_group()
 
@@ -285,6 +295,8 @@ def _peak_rss_mib():
 def run(lib, ops, sizes, quick, barrier):
     rank0 = lib.rank == 0
     say = (lambda text: _emit({"progress": text})) if rank0 else (lambda text: None)
+    if rank0 and hasattr(lib, "facts"):
+        _emit({"facts": lib.facts()})
     if barrier:
         warm, iters, blocks = plan(BARRIER_SIZE, quick)
         say("barrier")
