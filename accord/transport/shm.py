@@ -17,9 +17,9 @@ is written, the consumer copies it out at once: a message larger than the
 ring is pipelined through it). A message of up to _INLINE bytes that fits the
 ring in one contiguous piece is written whole and taken whole instead, by the
 optional C helper (ring_core.c, chosen in ring_helper.py) where it was built.
-Such a message that finds its ring empty with the head past REWIND starts the
-ring over: a pad header to the ring's end, the message at offset 0 (pad and
-message published at once). A link's traffic then cycles through its ring's
+Such a message that would reach past REWIND (the first megabyte) of an empty
+ring starts the ring over: a pad header to the ring's end, the message at
+offset 0 (pad and message published at once). A link's traffic then cycles through its ring's
 first megabyte, which stays in cache, not through all of it (4 MiB each way per
 pair: 48 MiB at world 4, more than this kind of machine's last-level cache).
 A large message to a peer that may read this
