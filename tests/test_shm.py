@@ -449,12 +449,17 @@ def _corrupt_header(rank, world, what):
     from accord.transport.wire import HEADER, P2P
     t = _transport().p2p         # the point-to-point plane's rings, which recv reads
     if rank == 0:
+        payload = b""
         if what == "huge":
             # claims half a terabyte of payload that never comes
             header = HEADER.pack(P2P, 10, 0, 0, -1, 5, -1, 1 << 39)
+        elif what == "pad":
+            # a pad (the rest of the ring is empty) that stops short of the ring's end
+            payload = bytes(100)
+            header = HEADER.pack(0x20, 0, 0, 0, -1, 0, -1, len(payload))
         else:
             header = HEADER.pack(77, 0, 0, 0, -1, 0, -1, 0)       # no such message kind
-        assert t.links[1].write_inline(header, b"", 0)
+        assert t.links[1].write_inline(header, payload, len(payload))
         time.sleep(1.5)
         return None
     import resource
@@ -469,7 +474,7 @@ def _corrupt_header(rank, world, what):
     return err, time.monotonic() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-@pytest.mark.parametrize("what", ["huge", "kind"])
+@pytest.mark.parametrize("what", ["huge", "kind", "pad"])
 def test_corrupt_headers_are_errors_not_allocations(what):
     out = run_ranks(2, _corrupt_header, what, env=SHM, timeout=30)
     (name, msg), took, maxrss_kib = out[1]
@@ -479,7 +484,8 @@ def test_corrupt_headers_are_errors_not_allocations(what):
         assert maxrss_kib < 1 << 20, f"{maxrss_kib} KiB"
     else:
         assert name == "PeerLost" and "corrupt message header" in msg, msg
-        assert "unknown message kind 77" in msg and "rank 0" in msg
+        assert ("unknown message kind 77" if what == "kind" else
+                "a ring pad that does not reach the ring's end") in msg and "rank 0" in msg
         assert took < 1.0
 
 
