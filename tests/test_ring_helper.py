@@ -268,8 +268,8 @@ def test_ranks_with_and_without_the_helper_share_rings(world):
 
 
 def _cycling(rank, world, off_on):
-    """40 rounds of 256 KiB all_reduce, broadcast and tagged exchange: 30 MiB through
-    4 MiB rings. Returns the results and the farthest any ring's head got from its
+    """40 rounds of a 256 KiB all_reduce and broadcast, many times what the 4 MiB rings
+    hold. Returns the results and the farthest any ring's head got from its
     beginning."""
     if rank in off_on:
         os.environ["ACCORD_RING_HELPER"] = "0"

@@ -631,14 +631,15 @@ def merge_runs(runs):
 def single_copy_line(runs):
     """A line naming the single-copy threshold each accord run's group used (it decides
     which path the rows from 1 MiB take), or "" where no run reported one."""
-    seen = [rows[0].get("single_copy_min") for rows in runs if rows]
+    firsts = [rows[0] for rows in runs if rows]
+    seen = [r.get("single_copy_min") for r in firsts]
     if not any(v is not None for v in seen):
         return ""
 
     def fmt(v):
         return "none (no shared memory)" if v is None else "off" if v < 0 else fmt_size(v)
     each = ", ".join(fmt(v) for v in seen)
-    how = ("set by ACCORD_SHM_CMA" if os.environ.get("ACCORD_SHM_CMA", "").strip()
+    how = ("set by ACCORD_SHM_CMA" if any(r.get("single_copy_set") for r in firsts)
            else "measured when each group was created")
     return (f"accord's single-copy threshold ({how}): {each}"
             + (" (one per run)" if len(seen) > 1 else ""))

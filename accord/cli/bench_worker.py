@@ -127,13 +127,15 @@ class AccordLib:
 
     def facts(self):
         """What this run's group chose that moves its rows: the shared-memory single-copy
-        threshold in bytes (measured when the group is created unless ACCORD_SHM_CMA is
-        set; -1: single copy off), or None where the group has no shared-memory links."""
+        threshold in bytes (-1: single copy off; None where the group has no
+        shared-memory links), and whether ACCORD_SHM_CMA set it (else it was measured
+        when the group was created)."""
         t = self.dist.world.default_group().transport
         cma_min = getattr(t, "cma_min", None)
-        if cma_min is None:
-            return {"single_copy_min": None}
-        return {"single_copy_min": -1 if cma_min >= 1 << 62 else int(cma_min)}
+        if cma_min is not None:
+            cma_min = -1 if cma_min >= 1 << 62 else int(cma_min)
+        return {"single_copy_min": cma_min,
+                "single_copy_set": bool(os.environ.get("ACCORD_SHM_CMA", "").strip())}
 
     def close(self):
         self.dist.destroy_process_group()
