@@ -132,7 +132,21 @@ class _Entry:
     # 0, new for every entry) and the address of `table`, its (address, length) rows,
     # from which a peer reads where this rank's tensors are (once per token)
     __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes", "table",
-                 "word", "rows", "remote")
+                 "word", "rows", "remote", "_stream")
+
+    def stream(self):
+        """(pieces, copier, layout): every bucket's pieces in order, one hook packing
+        (root) or unpacking (receiver) piece i of them (flat_state.piece_copier), and
+        their byte sizes as uint64 bytes (what a root that sends its pieces with its
+        row tells its receivers first). Made once per entry."""
+        if self._stream is None:
+            pieces, segments = [], []
+            for b in self.buckets:
+                pieces += b.pieces
+                segments += b.segments + [()] * (len(b.pieces) - len(b.segments))
+            layout = np.array([len(p) for p in pieces], np.uint64).tobytes()
+            self._stream = (pieces, piece_copier(segments), layout)
+        return self._stream
 
     def valid_for(self, tree, vals):
         """Whether tree still holds exactly the tensors this entry describes."""
@@ -239,6 +253,7 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
         return None
     e.digest = digest
     e.remote = {}
+    e._stream = None
     e.rows = []
     table = []
     e.buckets = []

@@ -14,27 +14,33 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class _paths:
-    """with _paths() as took: ... -- "address" or "ring" for every bucket of every
-    repeated call (the general path, a dict seen for the first time, adds neither)."""
+    """with _paths() as took: ... -- how every repeated call moved each bucket:
+    "address" (copied between memories), "ring" (through the transport, in the
+    agreement's call or a call of its own), or, once per call, "ahead" (the root sent
+    every piece behind its row). The general path (a dict seen for the first time)
+    adds none of them."""
+
+    _SPIED = {"copy_segments": "address", "_stream_bucket": "ring",
+              "_send_ahead": "ahead", "_take_ahead": "ahead"}
 
     def __enter__(self):
         from accord import state
         self.state = state
-        self.saved = state.copy_segments, state._broadcast_flat
+        self.saved = {name: getattr(state, name) for name in self._SPIED}
         took = self.took = []
 
-        def by_address(*args, _fn=state.copy_segments):
-            took.append("address")
-            return _fn(*args)
-
-        def by_ring(*args, _fn=state._broadcast_flat):
-            took.append("ring")
-            return _fn(*args)
-        state.copy_segments, state._broadcast_flat = by_address, by_ring
+        def spy(name, fn):
+            def spied(*args):
+                took.append(self._SPIED[name])
+                return fn(*args)
+            return spied
+        for name, fn in self.saved.items():
+            setattr(state, name, spy(name, fn))
         return took
 
     def __exit__(self, *exc):
-        self.state.copy_segments, self.state._broadcast_flat = self.saved
+        for name, fn in self.saved.items():
+            setattr(self.state, name, fn)
 
 
 def _fill(state, step, src=0):
@@ -96,14 +102,18 @@ def test_two_ranks_copy_every_bucket_by_address_once_the_dict_is_known(state_fn,
     assert took[0] == took[1] == ["address"] * n * 3 and n >= 1, took
 
 
-def test_without_single_copy_the_repeated_sync_goes_through_the_ring():
-    took = run_ranks(2, _steady, _state, 4, {}, env={"ACCORD_SHM_CMA": "0"})
-    assert took == [["ring", "ring"]] * 2
+def _large():
+    # 1.9 MiB in all (a tensor of 1.4 MiB): no longer sent behind the root's row
+    return _state(10, start=2500)
 
 
-def test_over_tcp_the_repeated_sync_goes_through_the_ring():
-    took = run_ranks(2, _steady, _state, 4, {}, env={"ACCORD_TRANSPORT": "tcp"})
-    assert took == [["ring", "ring"]] * 2
+@pytest.mark.parametrize("env", [{"ACCORD_SHM_CMA": "0"}, {"ACCORD_TRANSPORT": "tcp"}],
+                         ids=["no-single-copy", "tcp"])
+def test_without_single_copy_a_small_state_follows_the_roots_row_a_large_one_the_ring(env):
+    # calls 3 and 4 of each: the small state (under 1 MiB) behind the root's row in the
+    # agreement's call, the large one's bucket through the transport
+    assert run_ranks(2, _steady, _state, 4, {}, env=env) == [["ahead", "ahead"]] * 2
+    assert run_ranks(2, _steady, _large, 4, {}, env=env) == [["ring", "ring"]] * 2
 
 
 def _wide(rank, world):

@@ -276,3 +276,61 @@ def _fresh_dicts(rank, world):
 
 def test_a_fresh_dict_each_call_is_never_remembered():
     assert run_ranks(2, _fresh_dicts) == [0, 0]
+
+
+def _ahead_then_mismatch(rank, world, change):
+    """A small remembered state: the root sends its pieces behind its row. Then one
+    rank's state changes; every rank raises, and no rank's tensors are written."""
+    import accord
+    from accord.state import StateMismatch
+    from tests.test_state_by_address import _paths
+    state = _state(rank, n=10)
+    with _paths() as took:
+        for step in range(4):
+            _sync(state, rank, step)
+    kwargs = {}
+    if change == "shape" and rank == world - 1:
+        state["p2"] = np.zeros(state["p2"].size + 1, np.float32)
+    if change == "bucket_bytes" and rank == world - 1:
+        kwargs["bucket_bytes"] = 4 << 10
+    if rank == 0:
+        _fill(state, 9)                           # what must reach no rank
+    try:
+        accord.broadcast_state(state, src=0, **kwargs)
+    except StateMismatch as e:
+        msg = str(e)
+    else:
+        msg = None
+    if rank != 0:
+        for k, v in state.items():
+            if change != "shape" or rank != world - 1 or k != "p2":
+                np.testing.assert_array_equal(v, _expected(state, 3)[k], err_msg=k)
+    t = np.full(3, rank, np.int64)
+    accord.broadcast(t, src=0)                    # the links are clean: the group works
+    assert (t == 0).all()
+    if change == "shape" and rank == world - 1:
+        state["p2"] = np.zeros(state["p2"].size - 1, np.float32)
+    _sync(state, rank, 5)                         # and syncs again
+    return took, msg
+
+
+def _expected(state, step):
+    want = {k: np.empty_like(v) for k, v in state.items()}
+    _fill(want, step)
+    return want
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("change", ["shape", "bucket_bytes"])
+def test_a_root_that_sent_its_pieces_with_its_row_writes_nothing_on_a_mismatch(world, change):
+    # over TCP at world 2 (shared memory copies by address there), the rings beyond it
+    env = {"ACCORD_TRANSPORT": "tcp"} if world == 2 else {}
+    res = run_ranks(world, _ahead_then_mismatch, change, env=env, timeout=60)
+    last = world - 1
+    for rank, (took, msg) in enumerate(res):
+        # calls 3 and 4 went ahead
+        assert took == ["ahead", "ahead"], (rank, took)
+        want = (f"['p2']: rank {last} has a float32 tensor of shape [11]"
+                if change == "shape" else
+                f"rank {last}: bucket_bytes=4096, src rank 0: bucket_bytes=26214400")
+        assert msg is not None and "(no tensor was written)" in msg and want in msg, msg
