@@ -154,13 +154,16 @@ def _torch_repeat(rank, world):
     return out
 
 
-def test_torch_state_dict_synced_again_and_again():
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_state_dict_synced_again_and_again(world):
+    # world 2: by address; world 3: the root's pieces behind its row (under 1 MiB)
     pytest.importorskip("torch")
-    res = run_ranks(2, _torch_repeat)
+    res = run_ranks(world, _torch_repeat)
     for step in range(4):
         for k in res[0][step]:
-            np.testing.assert_array_equal(res[1][step][k], res[0][step][k],
-                                          err_msg=f"{k} at step {step}")
+            for r in range(1, world):
+                np.testing.assert_array_equal(res[r][step][k], res[0][step][k],
+                                              err_msg=f"{k} at step {step} on rank {r}")
     assert res[0][0]["w"].any() and res[0][3]["big"].any()
 
 
