@@ -143,6 +143,27 @@ def test_stuck_rank_report_names_who_never_entered(env):
     assert name == "CommTimeout" and "reported by" in msg and "never entered" in msg
 
 
+def _stuck_through_another_group(rank, world):
+    g = dist.new_group([1, 2])
+    x = np.ones(4, np.float32)
+    dist.barrier()
+    if rank == 0:
+        return _timed(lambda: dist.all_reduce(x, timeout=1.0))
+    if rank == 2:
+        time.sleep(3.0)        # late for g's call, for which rank 1 waits
+    return _timed(lambda: (dist.all_reduce(x, group=g, timeout=10.0), dist.barrier()))
+
+
+def test_stuck_rank_report_follows_a_rank_blocked_in_another_group(env):
+    # rank 1 never enters the default group's all_reduce: it waits in g's for rank 2, and
+    # rank 0's report says so, naming rank 2 (the rank to look at)
+    res = run_ranks(3, _stuck_through_another_group, timeout=30, env=env, expect_fail=True)
+    kind, (name, msg, took) = res[0]
+    assert kind == "ok" and name == "CommTimeout", msg
+    assert "ranks 1, 2 never entered all_reduce #1" in msg, msg
+    assert "busy in all_reduce #0" in msg and "(waiting on rank 2)" in msg, msg
+
+
 def _cross_groups(rank, world):
     g = dist.new_group([0, 1])
     x = np.ones(4, np.float32)

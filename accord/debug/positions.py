@@ -48,7 +48,10 @@ def position(group):
         if c is None:
             continue
         if other is not group:
-            pos["elsewhere"].append(f"{describe_entry(c)} in group {other.name!r}")
+            # whom that call waits for: often the rank to look at, one group further on
+            on = waiting_on(other)
+            pos["elsewhere"].append(f"{describe_entry(c)} in group {other.name!r}"
+                                    + (f" (waiting on {ranks_text(on)})" if on else ""))
         if other.waiters > 0 and c[SEQ] is not None:
             # a thread of this process cannot go on until this call completes
             pos["blocked"].append({"group": other.name, "ranks": other.ranks, "seq": c[SEQ],
