@@ -281,13 +281,13 @@ def test_a_fresh_dict_each_call_is_never_remembered():
     assert run_ranks(2, _fresh_dicts) == [0, 0]
 
 
-def _ahead_then_mismatch(rank, world, change):
+def _ahead_then_mismatch(rank, world, change, n):
     """A small remembered state: the root sends its pieces behind its row. Then one
     rank's state changes; every rank raises, and no rank's tensors are written."""
     import accord
     from accord.state import StateMismatch
     from tests.test_state_by_address import _paths
-    state = _state(rank, n=10)
+    state = _state(rank, n=n)
     with _paths() as took:
         for step in range(4):
             _sync(state, rank, step)
@@ -323,12 +323,16 @@ def _expected(state, step):
     return want
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world,n,env", [
+    (2, 10, {"ACCORD_TRANSPORT": "tcp"}),       # shared memory copies by address at 2
+    (3, 10, {}),
+    (4, 10, {}),
+    (3, 17, {"ACCORD_SHM_CMA": "64K"}),         # the large pieces read out of the root
+], ids=["2-tcp", "3", "4", "3-single-copy"])
 @pytest.mark.parametrize("change", ["shape", "bucket_bytes"])
-def test_a_root_that_sent_its_pieces_with_its_row_writes_nothing_on_a_mismatch(world, change):
-    # over TCP at world 2 (shared memory copies by address there), the rings beyond it
-    env = {"ACCORD_TRANSPORT": "tcp"} if world == 2 else {}
-    res = run_ranks(world, _ahead_then_mismatch, change, env=env, timeout=60)
+def test_a_root_that_sent_its_pieces_with_its_row_writes_nothing_on_a_mismatch(world, n, env,
+                                                                               change):
+    res = run_ranks(world, _ahead_then_mismatch, change, n, env=env, timeout=60)
     last = world - 1
     for rank, (took, msg) in enumerate(res):
         # calls 3 and 4 went ahead
