@@ -241,3 +241,45 @@ def test_a_rank_that_dies_inside_the_copy_is_reported_not_waited_for(world, vict
         else:
             # another receiver needs nothing of the victim: it may finish this call
             assert name in ("ok", "PeerLost"), out[r]
+
+
+def _dies_sending_ahead(rank, world, victim):
+    """A small state the root sends with its row: the root dies as it would send it, or
+    a receiver before it sends its row. Every rank waiting on the dead one gets
+    PeerLost naming it within seconds."""
+    import os
+    import signal
+    import time
+
+    import accord
+    from accord import state
+    small = _state()
+    with _paths() as took:
+        for step in range(3):
+            _sync(small, rank, step)
+    assert took == ["ahead"], took
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == victim:
+        if rank == 0:
+            state._send_ahead = die
+        else:
+            state.choose = die            # before this receiver's row leaves
+    t0 = time.monotonic()
+    try:
+        accord.broadcast_state(small, src=0)
+    except accord.PeerLost as e:
+        return "PeerLost", str(e), time.monotonic() - t0
+    return "ok", "", time.monotonic() - t0
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_rank_that_dies_as_the_root_sends_ahead_is_reported_not_waited_for(victim):
+    out = run_ranks(3, _dies_sending_ahead, victim, timeout=60, expect_fail=True)
+    assert out[victim][0] == "died", out
+    for r in range(3):
+        if r != victim:
+            kind, (name, msg, took) = out[r]
+            assert kind == "ok" and name == "PeerLost" and f"rank {victim}" in msg, out[r]
+            assert took < 10, out[r]
