@@ -201,28 +201,34 @@ def test_torch_tensors_and_parameters_by_address():
     assert res[0][1] == res[1][1] and set(res[0][1]) == {"address"}, res[0][1]
 
 
-def _dies_mid_copy(rank, world, victim):
-    """The victim dies inside the copy by address (after the agreement, before it has
-    copied or said done): the others must get PeerLost naming it, not wait."""
+def _sync_where_one_dies(state_dict, rank, victim, fn_name):
+    """broadcast_state(state_dict) with accord.state's fn_name made to SIGKILL this
+    process on the victim; (outcome, message, seconds) on the others."""
     import os
     import signal
     import time
 
     import accord
     from accord import state
-    big = {f"w{i}": np.full(1 << 18, -1, np.float32) for i in range(6)}    # 6 MiB
-    for step in range(3):
-        _sync(big, rank, step)
     if rank == victim:
-        def die(*args):
+        def die(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
-        state.copy_segments = die
+        setattr(state, fn_name, die)
     t0 = time.monotonic()
     try:
-        accord.broadcast_state(big, src=0)
+        accord.broadcast_state(state_dict, src=0)
     except accord.PeerLost as e:
         return "PeerLost", str(e), time.monotonic() - t0
     return "ok", "", time.monotonic() - t0
+
+
+def _dies_mid_copy(rank, world, victim):
+    """The victim dies inside the copy by address (after the agreement, before it has
+    copied or said done): the others must get PeerLost naming it, not wait."""
+    big = {f"w{i}": np.full(1 << 18, -1, np.float32) for i in range(6)}    # 6 MiB
+    for step in range(3):
+        _sync(big, rank, step)
+    return _sync_where_one_dies(big, rank, victim, "copy_segments")
 
 
 @pytest.mark.parametrize("world,victim", [(2, 1), (2, 0), (3, 2)])
@@ -247,31 +253,13 @@ def _dies_sending_ahead(rank, world, victim):
     """A small state the root sends with its row: the root dies as it would send it, or
     a receiver before it sends its row. Every rank waiting on the dead one gets
     PeerLost naming it within seconds."""
-    import os
-    import signal
-    import time
-
-    import accord
-    from accord import state
     small = _state()
     with _paths() as took:
         for step in range(3):
             _sync(small, rank, step)
     assert took == ["ahead"], took
-
-    def die(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGKILL)
-    if rank == victim:
-        if rank == 0:
-            state._send_ahead = die
-        else:
-            state.choose = die            # before this receiver's row leaves
-    t0 = time.monotonic()
-    try:
-        accord.broadcast_state(small, src=0)
-    except accord.PeerLost as e:
-        return "PeerLost", str(e), time.monotonic() - t0
-    return "ok", "", time.monotonic() - t0
+    # a receiver dies choosing its all_gather: before its row leaves
+    return _sync_where_one_dies(small, rank, victim, "_send_ahead" if victim == 0 else "choose")
 
 
 @pytest.mark.parametrize("victim", [0, 2])

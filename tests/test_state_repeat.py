@@ -21,9 +21,15 @@ def _fill(state, step):
         v[...] = np.arange(v.size).reshape(v.shape) * 0.5 + 100 * step + i
 
 
-def _check(state, step):
+def _expected(state, step):
+    """What _fill(state, step) writes, in new arrays."""
     want = {k: np.empty_like(v) for k, v in state.items()}
     _fill(want, step)
+    return want
+
+
+def _check(state, step):
+    want = _expected(state, step)
     for k, v in state.items():
         np.testing.assert_array_equal(v, want[k], err_msg=f"{k} at step {step}")
 
@@ -305,9 +311,10 @@ def _ahead_then_mismatch(rank, world, change, n):
     else:
         msg = None
     if rank != 0:
+        want = _expected(state, 3)                # step 3's values, the last synced
         for k, v in state.items():
             if change != "shape" or rank != world - 1 or k != "p2":
-                np.testing.assert_array_equal(v, _expected(state, 3)[k], err_msg=k)
+                np.testing.assert_array_equal(v, want[k], err_msg=k)
     t = np.full(3, rank, np.int64)
     accord.broadcast(t, src=0)                    # the links are clean: the group works
     assert (t == 0).all()
@@ -315,12 +322,6 @@ def _ahead_then_mismatch(rank, world, change, n):
         state["p2"] = np.zeros(state["p2"].size - 1, np.float32)
     _sync(state, rank, 5)                         # and syncs again
     return took, msg
-
-
-def _expected(state, step):
-    want = {k: np.empty_like(v) for k, v in state.items()}
-    _fill(want, step)
-    return want
 
 
 @pytest.mark.parametrize("world,n,env", [
