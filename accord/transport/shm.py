@@ -727,9 +727,18 @@ class ShmTransport(Reports):
                 recvs = ()
             if not sends and not recvs:
                 return
-        elif local:
-            meanwhile()
-            meanwhile = None
+        elif meanwhile is None or local:
+            # the same lane for a step with several peers (direct all_gather, a tree's
+            # root): each message that fits goes or comes at once; the rest, and
+            # everything after a message to or from the same peer that could not,
+            # take the general path (a link's messages stay in order)
+            sends = self._sends_inline(sends, stamp)
+            if local:
+                meanwhile()
+                meanwhile = None
+            recvs = self._recvs_inline(recvs, stamp, not sends)
+            if not sends and not recvs:
+                return
         self._exchange_queued(sends, recvs, stamp, deadline, meanwhile, ring)
 
     def send1(self, peer, view, stamp, deadline, meanwhile=None):
@@ -778,24 +787,48 @@ class ShmTransport(Reports):
         return n <= _INLINE and n < self.cma_min and not link.sends and \
             link.write_inline(stamp, buf, n)
 
-    def _recv_inline(self, peer, dest, stamp):
+    def _sends_inline(self, sends, stamp):
+        """_send_inline for each send in turn; the sends left to queue, in order."""
+        left = []
+        for peer, buf in sends:
+            if left and any(p == peer for p, _ in left) or \
+                    not self._send_inline(peer, buf, stamp):
+                left.append((peer, buf))
+        return left
+
+    def _recvs_inline(self, recvs, stamp, spin):
+        """_recv_inline for each receive in turn, without spinning (the general path
+        watches every peer at once); spin: then spin for the last one left, if only
+        one is. Returns the receives left to post, in order."""
+        left = []
+        for peer, buf in recvs:
+            if left and any(p == peer for p, _ in left) or \
+                    not self._recv_inline(peer, buf, stamp, False):
+                left.append((peer, buf))
+        if spin and len(left) == 1 and self._spin_s and \
+                self._recv_inline(left[0][0], left[0][1], stamp):
+            return []
+        return left
+
+    def _recv_inline(self, peer, dest, stamp, spin=True):
         """Take a small awaited message straight off its ring, spinning for it briefly
-        where every rank has a core; False leaves the ring as it was."""
+        where every rank has a core (and spin is true); False leaves the ring as it
+        was."""
         link = self.links[peer]
         n = len(dest)
+        spin_s = self._spin_s if spin and n <= _INLINE else 0.0
         if link.fast is not None:
             # one call: the take, the spin for it where there is one, the take again
             if link.posted or link.incoming is not None or link.stash:
                 return False
-            tail = link.fast.take(link.i_tail, stamp, 0, dest,
-                                  self._spin_s if n <= _INLINE else 0.0)
+            tail = link.fast.take(link.i_tail, stamp, 0, dest, spin_s)
             if tail < 0:
                 return False
             link.i_tail = tail
             return True
         if link._take_whole(dest, COLL, stamp, None):      # take_inline, a call less
             return True
-        if not self._spin_s or n > _INLINE:
+        if not spin_s:
             return False
         q, i, want = self.q, link.i_head_i, link.i_tail + HEADER_SIZE + n
         end = time.perf_counter() + self._spin_s

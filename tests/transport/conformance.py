@@ -80,6 +80,38 @@ def check_fifo(maker, size=3):
         maker.close(planes)
 
 
+def check_same_peer_in_order(maker, size=3):
+    """Several messages to each peer in one step, small ones around one that cannot go
+    in one piece (it waits for room, or streams): each peer receives them in order,
+    into the buffers posted for them in that order."""
+    planes = maker.make(size)
+    try:
+        cap = ring_bytes(planes[0][0])
+        orders = [[8, 3 * cap, 8, 0, 64], [3 * cap, 8], [8, 8, cap + 1], [0, 0, 5]]
+
+        def rank(r):
+            t = planes[r][0]
+            peers = [p for p in range(size) if p != r]
+            for i, sizes in enumerate(orders):
+                sends = [(p, memoryview(payload(n, r, p, i, k)))
+                         for k, n in enumerate(sizes) for p in peers]
+                got = {(p, k): np.zeros(n, np.uint8) for k, n in enumerate(sizes) for p in peers}
+                t.exchange(sends, [(p, memoryview(got[p, k])) for k, n in enumerate(sizes)
+                                   for p in peers], stamp(i, 0), time.monotonic() + 20)
+                for (p, k), buf in got.items():
+                    assert np.array_equal(buf, payload(sizes[k], p, r, i, k)), (r, p, i, k)
+            return True
+        assert ok(in_threads(*[lambda r=r: rank(r) for r in range(size)], timeout=60))
+    finally:
+        maker.close(planes)
+
+
+def check_same_peer_in_order_pair(maker):
+    """check_same_peer_in_order between two ranks (on shared memory with a core each,
+    the receiver spins for the last message it waits for)."""
+    check_same_peer_in_order(maker, 2)
+
+
 def check_both_ways_full(maker):
     """One exchange sending three rings' worth each way between two ranks."""
     planes = maker.make(2)
@@ -302,6 +334,7 @@ def check_take_now(maker):
         maker.close(planes)
 
 
-CHECKS = [check_fifo, check_both_ways_full, check_stamps, check_deadline, check_interrupt,
+CHECKS = [check_fifo, check_same_peer_in_order, check_same_peer_in_order_pair,
+          check_both_ways_full, check_stamps, check_deadline, check_interrupt,
           check_abort, check_goodbye, check_closed, check_os_errors, check_tagged,
           check_tagged_peer_lost, check_take_now]
