@@ -166,6 +166,10 @@ def all_gather_into_tensor(output_tensor: Tensor, input_tensor: Tensor,
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and \
+            lane.all_gather_into_tensor(output_tensor, input_tensor, timeout):
+        return None
     if not g.is_member:
         return not_member(g, "all_gather_into_tensor")
     mine = as_buf(input_tensor, "input_tensor", writable=False)

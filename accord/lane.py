@@ -175,6 +175,23 @@ class Lane:
         return self._run(_ALL_GATHER, "all_gather", -1, known, 0, n * g.size, shape, timeout,
                          _all_gather, blocks, flat)
 
+    def all_gather_into_tensor(self, out, tensor, timeout):
+        """all_gather into one output of group size x the input's elements (the call
+        sharded training makes): the blocks are the output's consecutive views."""
+        g = self.g
+        p = _plain(tensor, False)
+        if p is None:
+            return False
+        q = _plain(out, True)
+        flat, known, shape = p
+        n = flat.size
+        if q is None or q[1][0] != known[0] or q[0].size != n * g.size:
+            return False
+        whole = q[0]
+        blocks = [whole[i * n:(i + 1) * n] for i in range(g.size)]
+        return self._run(_ALL_GATHER, "all_gather", -1, known, 0, flat.nbytes * g.size, shape,
+                         timeout, _all_gather, blocks, flat)
+
     def scatter(self, tensor, ins, src, group_src, timeout):
         g = self.g
         root = _root(g, src, group_src)

@@ -131,6 +131,53 @@ def test_lane_all_gather_of_any_size_in_place_or_not(world, numel):
         assert taken == ([True, True] if rank == 0 else []), taken
 
 
+def _into_tensor(rank, world, numel):
+    """all_gather_into_tensor on the lane on rank 0 (a separate input, then its own block
+    of the output: in place), on the general path elsewhere (a strided output)."""
+    taken = _spy_on_lane()
+    x = np.arange(numel, dtype=np.float32) * (rank + 1)
+    if rank == 0:
+        out = np.zeros(numel * world, np.float32)
+        accord.all_gather_into_tensor(out, x)
+        again = np.zeros(numel * world, np.float32)
+        again[:numel] = x
+        accord.all_gather_into_tensor(again, again[:numel])
+    else:
+        out = _general(np.zeros(numel * world, np.float32))
+        accord.all_gather_into_tensor(out, x)
+        again = _general(np.zeros(numel * world, np.float32))
+        accord.all_gather_into_tensor(again, x)
+    return np.array(out).tolist(), np.array(again).tolist(), taken
+
+
+@pytest.mark.parametrize("world,numel", [(2, 3), (3, 5), (4, 70000)])
+def test_all_gather_into_tensor_on_the_lane_beside_the_general_path(world, numel):
+    want = np.concatenate([np.arange(numel, dtype=np.float32) * (p + 1)
+                           for p in range(world)]).tolist()
+    for rank, (out, again, taken) in enumerate(run_ranks(world, _into_tensor, numel)):
+        assert out == want and again == want
+        assert taken == ([True, True] if rank == 0 else []), taken
+
+
+def _into_tensor_wrong_size(rank, world):
+    taken = _spy_on_lane()
+    try:
+        accord.all_gather_into_tensor(np.zeros(5, np.float32), np.zeros(2, np.float32))
+    except ValueError as e:
+        err = str(e)
+    out = np.zeros(2 * world, np.float32)
+    accord.all_gather_into_tensor(out, np.full(2, rank, np.float32))
+    return err, out.tolist(), taken
+
+
+def test_all_gather_into_tensor_of_the_wrong_size_is_the_apis_error():
+    for rank, (err, out, taken) in enumerate(run_ranks(2, _into_tensor_wrong_size)):
+        assert "output_tensor: must hold group size (2) x input_tensor's 2 elements, " \
+               "holds 5" in err, err
+        assert out == [0.0, 0.0, 1.0, 1.0]
+        assert taken == [True], taken        # the bad call declined before it ran
+
+
 def _scatter_lane_result(rank, world):
     mine = np.zeros(3, np.int64)
     shards = [np.full(3, 7 * p, np.int64) for p in range(world)] if rank == 1 else None
