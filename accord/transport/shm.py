@@ -727,6 +727,10 @@ class ShmTransport(Reports):
                 recvs = ()
             if not sends and not recvs:
                 return
+            if not sends and self._yields:
+                recvs = self._yield_for(recvs, stamp)
+                if not recvs:
+                    return
         elif meanwhile is None or local:
             # the same lane for a step with several peers (direct all_gather, a tree's
             # root): each message that fits goes or comes at once; the rest, and
@@ -739,6 +743,10 @@ class ShmTransport(Reports):
             recvs = self._recvs_inline(recvs, stamp, not sends)
             if not sends and not recvs:
                 return
+            if not sends and self._yields:
+                recvs = self._yield_for(recvs, stamp)
+                if not recvs:
+                    return
         self._exchange_queued(sends, recvs, stamp, deadline, meanwhile, ring)
 
     def send1(self, peer, view, stamp, deadline, meanwhile=None):
@@ -809,6 +817,18 @@ class ShmTransport(Reports):
                 self._recv_inline(left[0][0], left[0][1], stamp):
             return []
         return left
+
+    def _yield_for(self, recvs, stamp):
+        """More ranks than cores, every send of the step gone: hand the core over a few
+        times, taking each awaited message off its ring as it comes (the cheap look of
+        the lane, where the general path's loop would build records and look at every
+        link); the receives still missing after that, for the general path."""
+        for _ in range(self._yields):
+            os.sched_yield()
+            recvs = self._recvs_inline(recvs, stamp, False)
+            if not recvs:
+                break
+        return recvs
 
     def _recv_inline(self, peer, dest, stamp, spin=True):
         """Take a small awaited message straight off its ring, spinning for it briefly
