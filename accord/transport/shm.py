@@ -708,45 +708,37 @@ class ShmTransport(Reports):
         ring: send through the ring even where single-copy would apply.
         """
         self._check_usable()
-        links = self.links
         # small sends are copied into the ring, not read by the peers from this process:
         # the local work overlaps only the peers' own copies, so it runs once this
         # rank's sends are in (and before it waits for theirs)
         local = meanwhile is not None and all([len(b) <= _INLINE and len(b) < self.cma_min
                                                for _, b in sends])
-        if (meanwhile is None or local) and len(sends) <= 1 and len(recvs) <= 1:
-            # the small-message lane: a step with one message each way at most goes
-            # without records when it fits its ring in one piece; what it cannot do
-            # (nothing consumed) the general path below does, errors included
-            if sends and self._send_inline(sends[0][0], sends[0][1], stamp):
-                sends = ()
-            if local:
-                meanwhile()
-                meanwhile = None
-            if recvs and self._recv_inline(recvs[0][0], recvs[0][1], stamp):
-                recvs = ()
+        if meanwhile is None or local:
+            if len(sends) <= 1 and len(recvs) <= 1:
+                # the small-message lane: a step with one message each way at most goes
+                # without records when it fits its ring in one piece; what it cannot do
+                # (nothing consumed) the general path below does, errors included
+                if sends and self._send_inline(sends[0][0], sends[0][1], stamp):
+                    sends = ()
+                if local:
+                    meanwhile()
+                    meanwhile = None
+                if recvs and self._recv_inline(recvs[0][0], recvs[0][1], stamp):
+                    recvs = ()
+            else:
+                # the same lane for a step with several peers (direct all_gather, a
+                # tree's root): each message that fits goes or comes at once; the rest,
+                # and everything after a message to or from the same peer that could
+                # not, take the general path (a link's messages stay in order)
+                sends = self._sends_inline(sends, stamp)
+                if local:
+                    meanwhile()
+                    meanwhile = None
+                recvs = self._recvs_inline(recvs, stamp, not sends)
+            if not sends and recvs and self._yields:
+                recvs = self._yield_for(recvs, stamp)
             if not sends and not recvs:
                 return
-            if not sends and self._yields:
-                recvs = self._yield_for(recvs, stamp)
-                if not recvs:
-                    return
-        elif meanwhile is None or local:
-            # the same lane for a step with several peers (direct all_gather, a tree's
-            # root): each message that fits goes or comes at once; the rest, and
-            # everything after a message to or from the same peer that could not,
-            # take the general path (a link's messages stay in order)
-            sends = self._sends_inline(sends, stamp)
-            if local:
-                meanwhile()
-                meanwhile = None
-            recvs = self._recvs_inline(recvs, stamp, not sends)
-            if not sends and not recvs:
-                return
-            if not sends and self._yields:
-                recvs = self._yield_for(recvs, stamp)
-                if not recvs:
-                    return
         self._exchange_queued(sends, recvs, stamp, deadline, meanwhile, ring)
 
     def send1(self, peer, view, stamp, deadline, meanwhile=None):
