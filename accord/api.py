@@ -449,6 +449,10 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and \
+            lane.reduce_scatter_tensor(output, input, op, timeout):
+        return None
     if not g.is_member:
         return not_member(g, "reduce_scatter_tensor")
     op = as_reduce_op(op)

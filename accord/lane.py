@@ -22,17 +22,19 @@ from time import monotonic as _monotonic, time as _now
 import numpy as np
 
 from .algorithms import Comm
-from .algorithms import rooted
+from .algorithms import rooted, split
+from .algorithms.reduction import piece_elems, ring_reduce_scatter
 from .algorithms.table import entry
 from .buffers import already_in_place, as_buf, is_torch_tensor, sendable
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, RUNNING, STATE, T_END, T_START
-from .reduceops import ReduceOp, check_op
+from .reduceops import ReduceOp, check_op, finish_avg
 from .transport.wire import NO_DTYPE, OP_CODES, Stamp
 
 _BROADCAST, _ALL_REDUCE = OP_CODES["broadcast"], OP_CODES["all_reduce"]
 _ALL_GATHER, _SCATTER, _BARRIER = OP_CODES["all_gather"], OP_CODES["scatter"], OP_CODES["barrier"]
+_REDUCE_SCATTER = OP_CODES["reduce_scatter"]
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
@@ -143,11 +145,8 @@ class Lane:
         return self._run(_BROADCAST, "broadcast", root, known, 0, flat.nbytes, shape, timeout,
                          _broadcast, flat, root)
 
-    def all_reduce(self, tensor, op, timeout):
-        p = _plain(tensor, True)
-        if p is None or op.__class__ is not ReduceOp:
-            return False
-        flat, known, shape = p
+    def _reducible_by(self, op, flat):
+        """Whether op applies to flat's dtype (what the api's check_op says, kept)."""
         key = (op, flat.dtype)
         if key not in self._reducible:
             try:
@@ -155,6 +154,15 @@ class Lane:
             except TypeError:
                 return False
             self._reducible.add(key)
+        return True
+
+    def all_reduce(self, tensor, op, timeout):
+        p = _plain(tensor, True)
+        if p is None or op.__class__ is not ReduceOp:
+            return False
+        flat, known, shape = p
+        if not self._reducible_by(op, flat):
+            return False
         return self._run(_ALL_REDUCE, "all_reduce", -1, known, int(op), flat.nbytes, shape,
                          timeout, _all_reduce, flat, op)
 
@@ -191,6 +199,22 @@ class Lane:
         blocks = [whole[i * n:(i + 1) * n] for i in range(g.size)]
         return self._run(_ALL_GATHER, "all_gather", -1, known, 0, flat.nbytes * g.size, shape,
                          timeout, _all_gather, blocks, flat)
+
+    def reduce_scatter_tensor(self, out, tensor, op, timeout):
+        """reduce_scatter of one input of group size x the output's elements (the call
+        sharded training makes for its gradients)."""
+        g = self.g
+        p = _plain(out, True)
+        if p is None or op.__class__ is not ReduceOp:
+            return False
+        q = _plain(tensor, False)
+        flat, known, shape = p
+        if q is None or q[1][0] != known[0] or q[0].size != flat.size * g.size or \
+                not self._reducible_by(op, flat):
+            return False
+        whole = q[0]
+        return self._run(_REDUCE_SCATTER, "reduce_scatter", -1, known, int(op), whole.nbytes,
+                         shape, timeout, _reduce_scatter, flat, (whole, op))
 
     def scatter(self, tensor, ins, src, group_src, timeout):
         g = self.g
@@ -243,6 +267,18 @@ def _all_gather(c, g, blocks, mine):
         if not in_place:
             block[...] = mine
     entry("all_gather", mine.nbytes * c.size, c, g.options.algorithms).fn(c, blocks, mine, own)
+
+
+def _reduce_scatter(c, g, out, whole_op):
+    whole, op = whole_op
+    n = out.size
+    work = whole.copy()             # the input is only read: reduce in a copy
+    blocks = split(work, [n] * c.size)
+    ring_reduce_scatter(c, blocks, op, False,
+                        g.scratch(work.dtype, min(n, piece_elems(work.itemsize))))
+    if op == ReduceOp.AVG:
+        finish_avg(blocks[c.rank], c.size)
+    out[...] = blocks[c.rank]
 
 
 def _scatter(c, g, mine, shards):

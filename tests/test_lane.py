@@ -178,6 +178,71 @@ def test_all_gather_into_tensor_of_the_wrong_size_is_the_apis_error():
         assert taken == [True], taken        # the bad call declined before it ran
 
 
+def _reduce_scatter_mixed(rank, world, numel, dtype, op_name):
+    """reduce_scatter_tensor on the lane on rank 0 (twice: the input stays as it was),
+    on the general path elsewhere (a strided output)."""
+    taken = _spy_on_lane()
+    op = getattr(accord.ReduceOp, op_name)
+    x = (np.arange(numel * world) + 10 * rank).astype(dtype)
+    before = x.copy()
+    outs = []
+    for _ in range(2):
+        if rank == 0:
+            out = np.zeros(numel, dtype)
+            accord.reduce_scatter_tensor(out, x, op=op)
+        else:
+            out = _general(np.zeros(numel, dtype))
+            accord.reduce_scatter_tensor(out, x, op=op)
+        outs.append(np.array(out).tolist())
+    return outs, bool(np.array_equal(x, before)), taken
+
+
+@pytest.mark.parametrize("world,numel,dtype,op_name", [(2, 3, "float32", "SUM"),
+                                                       (3, 4, "int64", "MAX"),
+                                                       (3, 5, "float64", "AVG"),
+                                                       (4, 40000, "float32", "SUM")])
+def test_reduce_scatter_tensor_on_the_lane_beside_the_general_path(world, numel, dtype,
+                                                                   op_name):
+    inputs = [(np.arange(numel * world) + 10 * r).astype(dtype) for r in range(world)]
+    if op_name == "SUM":
+        want = np.sum(inputs, axis=0, dtype=dtype)
+    elif op_name == "MAX":
+        want = np.max(inputs, axis=0)
+    else:
+        want = np.mean(inputs, axis=0)
+    results = run_ranks(world, _reduce_scatter_mixed, numel, dtype, op_name)
+    for rank, (outs, untouched, taken) in enumerate(results):
+        mine = want[rank * numel:(rank + 1) * numel].tolist()
+        assert outs == [mine, mine]
+        assert untouched
+        assert taken == ([True, True] if rank == 0 else []), taken
+
+
+def _reduce_scatter_bad(rank, world):
+    taken = _spy_on_lane()
+    errors = []
+    for out, inp, op in [(np.zeros(2, np.float32), np.zeros(5, np.float32), accord.ReduceOp.SUM),
+                         (np.zeros(2, np.bool_), np.zeros(4, np.bool_), accord.ReduceOp.AVG)]:
+        try:
+            accord.reduce_scatter_tensor(out, inp, op=op)
+        except (ValueError, TypeError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    out = np.zeros(2, np.float32)
+    accord.reduce_scatter_tensor(out, np.full(4, rank + 1, np.float32))
+    return errors, out.tolist(), taken
+
+
+def test_reduce_scatter_tensor_bad_input_is_the_apis_error():
+    for errors, out, taken in run_ranks(2, _reduce_scatter_bad):
+        assert len(errors) == 2, errors
+        assert errors[0].startswith("ValueError: input: must hold group size (2) x "
+                                    "output's 2 elements, holds 5"), errors[0]
+        assert errors[1].startswith("TypeError: op: ReduceOp.AVG needs a floating or complex "
+                                    "dtype, got bool"), errors[1]
+        assert out == [3.0, 3.0]
+        assert taken == [True], taken       # the bad calls declined before they ran
+
+
 def _scatter_lane_result(rank, world):
     mine = np.zeros(3, np.int64)
     shards = [np.full(3, 7 * p, np.int64) for p in range(world)] if rank == 1 else None
