@@ -35,20 +35,13 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from accord.transport import cma  # noqa: E402  (after the path: run from a checkout)
+from accord.cli.bench import parse_size  # noqa: E402  (after the path: run from a checkout)
+from accord.transport import cma  # noqa: E402
 
 # word offsets in the flags page (up to 8 ranks): each rank's epoch word, the
 # world x world "read" words, the start flags, the output addresses and pids
 _EPOCH, _DONE, _READY, _OUT, _PID = 0, 64, 128, 192, 256
 MAX_WORLD = 8
-
-
-def parse_size(text):
-    text = text.strip().upper()
-    for suffix, k in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if text.endswith(suffix):
-            return int(text[:-1]) * k
-    return int(text)
 
 
 def _wait(q, i, value):
