@@ -12,14 +12,13 @@ import numpy as np
 
 from . import hierarchy, plans, sparse
 from .algorithms import rooted, split
-from .algorithms.reduction import piece_elems, ring_reduce_scatter
 from .algorithms.table import choose
 from .args import (buf_list, check_len, optional_list, root_rank, same_dtype, same_size,
                    split_counts)
 from .buffers import already_in_place, as_buf, message_view
 from .group import ProcessGroup
 from .options import to_seconds
-from .reduceops import ReduceOp, as_reduce_op, check_op, finish_avg
+from .reduceops import ReduceOp, as_reduce_op, check_op
 from .work import Work, completed_work
 from .world import not_member, resolve_group
 from ._types import Tensor, Timeout
@@ -363,11 +362,7 @@ def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, t
             np.copyto(out.arr, blocks[g.rank], casting="no")
             out.finish()
             return
-        if c is not None:
-            need = min(max(ins_counts) if ins_counts else 0, piece_elems(work.itemsize))
-            ring_reduce_scatter(c, blocks, op, out.is_bf16, g.scratch(work.dtype, need))
-        if op == ReduceOp.AVG:
-            finish_avg(blocks[g.rank], g.size, out.is_bf16)
+        plans.reduce_scatter_moves(c, g, blocks, op, out.is_bf16)
         np.copyto(out.arr, blocks[g.rank], casting="no")
         out.finish()
     return plans.run(g, "reduce_scatter", body, async_op, timeout,

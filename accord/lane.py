@@ -23,13 +23,13 @@ import numpy as np
 
 from .algorithms import Comm
 from .algorithms import rooted, split
-from .algorithms.reduction import piece_elems, ring_reduce_scatter
 from .algorithms.table import entry
 from .buffers import already_in_place, as_buf, is_torch_tensor, sendable
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, RUNNING, STATE, T_END, T_START
-from .reduceops import ReduceOp, check_op, finish_avg
+from .plans import reduce_scatter_moves
+from .reduceops import ReduceOp, check_op
 from .transport.wire import NO_DTYPE, OP_CODES, Stamp
 
 _BROADCAST, _ALL_REDUCE = OP_CODES["broadcast"], OP_CODES["all_reduce"]
@@ -272,12 +272,8 @@ def _all_gather(c, g, blocks, mine):
 def _reduce_scatter(c, g, out, whole_op):
     whole, op = whole_op
     n = out.size
-    work = whole.copy()             # the input is only read: reduce in a copy
-    blocks = split(work, [n] * c.size)
-    ring_reduce_scatter(c, blocks, op, False,
-                        g.scratch(work.dtype, min(n, piece_elems(work.itemsize))))
-    if op == ReduceOp.AVG:
-        finish_avg(blocks[c.rank], c.size)
+    blocks = split(whole.copy(), [n] * c.size)     # the input is only read
+    reduce_scatter_moves(c, g, blocks, op, False)
     out[...] = blocks[c.rank]
 
 

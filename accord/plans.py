@@ -12,9 +12,10 @@ the hierarchy never needs the api.
 import numpy as np
 
 from .algorithms import rooted
-from .algorithms.reduction import piece_elems, tree_reduce
+from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
 from .algorithms.table import choose, entry
 from .options import to_seconds
+from .reduceops import ReduceOp, finish_avg
 from .transport.wire import NO_DTYPE
 from .work import completed_work
 
@@ -85,6 +86,17 @@ def all_reduce_run(g, buf, op, finish=False):
         if finish:
             buf.finish()
     return body, stamp(buf, -1, op, buf.nbytes)
+
+
+def reduce_scatter_moves(c, g, blocks, op, is_bf16):
+    """Reduce the per-rank blocks of g's input over c (None in a group of one), so that
+    blocks[g.rank] holds this rank's result, averaged for AVG (the api's call and the
+    lean path's)."""
+    if c is not None:
+        need = min(max(b.size for b in blocks), piece_elems(blocks[0].itemsize))
+        ring_reduce_scatter(c, blocks, op, is_bf16, g.scratch(blocks[0].dtype, need))
+    if op == ReduceOp.AVG:
+        finish_avg(blocks[g.rank], g.size, is_bf16)
 
 
 def barrier_run(g):

@@ -302,8 +302,8 @@ def _goes_ahead(c, e, forced):
     The receivers wait for the rows anyway; taking the pieces in the same wake-up saves
     the round in which the root, having read every row, sends, and each receiver wakes
     again to take them (a world of 3 on 2 cores, 10 tensors of 238 KiB in all:
-    0.65-0.86x the time in paired runs). A receiver whose structure differs takes the pieces into scratch
-    and drops them, so no tensor is written on a mismatch."""
+    0.65-0.86x the time in paired runs). A receiver whose structure differs takes the
+    pieces into scratch and drops them, so no tensor is written on a mismatch."""
     if forced:
         return False
     pieces, _, _ = e.stream()

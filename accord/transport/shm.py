@@ -787,24 +787,26 @@ class ShmTransport(Reports):
         return n <= _INLINE and n < self.cma_min and not link.sends and \
             link.write_inline(stamp, buf, n)
 
-    def _sends_inline(self, sends, stamp):
-        """_send_inline for each send in turn; the sends left to queue, in order."""
+    @staticmethod
+    def _each_inline(items, move):
+        """move(peer, buf) for each (peer, buf) in turn, skipped for a peer one of whose
+        earlier items stayed (a link's messages keep their order); those that stay."""
         left = []
-        for peer, buf in sends:
-            if left and any(p == peer for p, _ in left) or \
-                    not self._send_inline(peer, buf, stamp):
+        for peer, buf in items:
+            if left and any(p == peer for p, _ in left) or not move(peer, buf):
                 left.append((peer, buf))
         return left
+
+    def _sends_inline(self, sends, stamp):
+        """_send_inline for each send in turn; the sends left to queue, in order."""
+        return self._each_inline(sends, lambda peer, buf: self._send_inline(peer, buf, stamp))
 
     def _recvs_inline(self, recvs, stamp, spin):
         """_recv_inline for each receive in turn, without spinning (the general path
         watches every peer at once); spin: then spin for the last one left, if only
         one is. Returns the receives left to post, in order."""
-        left = []
-        for peer, buf in recvs:
-            if left and any(p == peer for p, _ in left) or \
-                    not self._recv_inline(peer, buf, stamp, False):
-                left.append((peer, buf))
+        left = self._each_inline(recvs, lambda peer, buf:
+                                 self._recv_inline(peer, buf, stamp, False))
         if spin and len(left) == 1 and self._spin_s and \
                 self._recv_inline(left[0][0], left[0][1], stamp):
             return []
