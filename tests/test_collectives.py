@@ -405,21 +405,22 @@ def test_large_messages(world, forced):
 def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     from types import SimpleNamespace
 
-    from accord.algorithms import all_gather, broadcast, reduction, single_copy
+    from accord.algorithms import all_gather, broadcast, reduction, single_copy, slotted
     from accord.algorithms.table import choose
-    tcp4 = SimpleNamespace(rank=0, size=4, peer_memory=None, choices={})
+    tcp4 = SimpleNamespace(rank=0, size=4, peer_memory=None, slots=None, choices={})
     assert choose("broadcast", 256 << 10, tcp4, {}) is broadcast.chain
     assert choose("broadcast", 8, tcp4, {}) is broadcast.tree
     # a power of two of ranks halves and doubles (log2(n) steps a phase); others ring
     assert choose("all_reduce", 64 << 10, tcp4, {}) is reduction.halving_doubling
     assert choose("all_reduce", 8, tcp4, {}) is reduction.recursive_doubling
     assert choose("all_gather", 64 << 10, tcp4, {}) is all_gather.doubling
-    tcp3 = SimpleNamespace(rank=0, size=3, peer_memory=None, choices={})
+    tcp3 = SimpleNamespace(rank=0, size=3, peer_memory=None, slots=None, choices={})
     assert choose("all_reduce", 64 << 10, tcp3, {}) is reduction.ring_allreduce
     assert choose("all_gather", 64 << 10, tcp3, {}) is all_gather.ring
     assert choose("all_gather", 64 << 10, tcp4, {"all_gather": "ring"}) is all_gather.ring
     assert choose("all_gather", 64 << 10, SimpleNamespace(rank=0, size=2, peer_memory=None,
-                                                          choices={}), {}) is all_gather.direct
+                                                          slots=None, choices={}), {}) \
+        is all_gather.direct
     assert choose("all_reduce", 8, tcp4, {"all_reduce": "ring"}) is reduction.ring_allreduce
     with pytest.raises(ValueError, match="all_reduce"):
         choose("all_reduce", 8, tcp4, {"all_reduce": "nope"})
@@ -428,8 +429,16 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("broadcast", 8, tcp4, {}) is broadcast.tree
     # single copy where the peers' memory allows it; forcing it elsewhere changes nothing
     pm = SimpleNamespace(min_bytes=1 << 20, everywhere=True, usable=lambda p: True)
-    shm4 = SimpleNamespace(rank=0, size=4, peer_memory=pm, choices={})
+    shm4 = SimpleNamespace(rank=0, size=4, peer_memory=pm, slots=object(), choices={})
     assert choose("broadcast", 16 << 20, shm4, {}) is single_copy.broadcast
+    # shared slots beyond two ranks: broadcasts from 256 KiB up to single copy's size,
+    # all-gathers of blocks from 512 KiB; forced, at any size
+    assert choose("broadcast", 1 << 20, shm4, {}) is slotted.broadcast
+    assert choose("broadcast", 200 << 10, shm4, {}) is broadcast.tree
+    assert choose("all_gather", 4 << 20, shm4, {}) is slotted.all_gather
+    assert choose("all_gather", 1 << 20, shm4, {}) is all_gather.doubling
+    assert choose("all_gather", 8, shm4, {"all_gather": "slotted"}) is slotted.all_gather
+    assert choose("broadcast", 1 << 20, tcp4, {"broadcast": "slotted"}) is broadcast.chain
     assert choose("broadcast", 16 << 20, tcp4, {"broadcast": "single_copy"}) is broadcast.chain
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
     # forcing broadcast sends lists down the chain too

@@ -368,13 +368,18 @@ def test_arena_file_is_private(monkeypatch):
 
 
 def test_arena_size_is_bounded():
-    from accord.transport.shm import CHAN_MIN, P2P_CHAN_MIN, arena_layout, p2p_cap
+    from accord.transport.shm import (CHAN_MIN, P2P_CHAN_MIN, SLOT_ROOM_MAX, SLOT_ROOM_MIN,
+                                      arena_layout, p2p_cap)
     for size in (2, 4, 8, 16):
-        cap, total = arena_layout(size, 64 << 20)
+        cap, room, total = arena_layout(size, 64 << 20)
         assert total <= 64 << 20 and cap >= CHAN_MIN and p2p_cap(cap) >= P2P_CHAN_MIN
-    # a small arena: both rings of each pair (collectives', point-to-point's) still fit
-    cap, total = arena_layout(2, 128 << 10)
-    assert CHAN_MIN <= cap < 64 << 10 and total <= 128 << 10
+        # shared slots beyond two ranks, at most an eighth of the arena in all
+        assert room == (0 if size == 2 else min(SLOT_ROOM_MAX, (4 << 20) // size))
+    # a small arena: both rings of each pair (collectives', point-to-point's) still fit,
+    # and no slots where a piece would be smaller than SLOT_ROOM_MIN
+    cap, room, total = arena_layout(2, 128 << 10)
+    assert CHAN_MIN <= cap < 64 << 10 and total <= 128 << 10 and room == 0
+    assert arena_layout(4, 4 << 20)[1] == SLOT_ROOM_MIN and arena_layout(4, 2 << 20)[1] == 0
 
 
 def _no_room(rank, world):

@@ -23,7 +23,8 @@ def _view(x):
 
 
 class Comm:
-    """rank, size, peer_memory (transport/base.py's PeerMemory, or None), choices
+    """rank, size, peer_memory and slots (transport/base.py's PeerMemory and
+    SharedSlots, or None), choices
     (the algorithm table's memo for these links), and the moves: exchange, send,
     recv."""
     __slots__ = ("rank", "size", "choices", "_t", "_stamp", "_deadline")
@@ -38,6 +39,16 @@ class Comm:
         """The transport's access to peers' memory (None where it has none): asked
         for only by the algorithms that copy between memories, not on every call."""
         return self._t.peer_memory
+
+    @property
+    def slots(self):
+        """The transport's shared slots (transport/base.py's SharedSlots), or None."""
+        return self._t.slots
+
+    def claim(self, readers, nbytes):
+        """slots.claim for this call: a piece of nbytes of this rank's shared slot for
+        `readers`, (its position, its memory)."""
+        return self._t.slots.claim(readers, nbytes, self._stamp, self._deadline)
 
     @property
     def deadline(self):

@@ -2,7 +2,7 @@
 
 For each collective, its algorithms in order of preference; the first whose
 `applies(comm, nbytes)` holds runs. `comm` is anything with `rank`, `size`,
-`peer_memory` and `choices` (a Comm, or a group's transport when a call is
+`peer_memory`, `slots` and `choices` (a Comm, or a group's transport when a call is
 planned), and every rank of a group gets the same answer, so all take the same
 path.
 
@@ -14,7 +14,7 @@ lists of buffers (`broadcast_list`) down the plain chain.
 """
 from typing import Callable, NamedTuple, Optional
 
-from . import all_gather, broadcast, reduction, single_copy
+from . import all_gather, broadcast, reduction, single_copy, slotted
 
 
 class Entry(NamedTuple):
@@ -22,6 +22,9 @@ class Entry(NamedTuple):
     applies: Optional[Callable] = None        # applies(comm, nbytes) -> bool; None: always
     # scratch(numel, size, itemsize) -> elements of receive scratch the call needs
     scratch: Optional[Callable] = None
+    # can_run(comm, nbytes) -> bool, where it differs from applies: what forcing it needs
+    # (applies adds where it is worth choosing); None: applies
+    can_run: Optional[Callable] = None
 
 
 # below these sizes (bytes) the latency-bound algorithm runs
@@ -36,6 +39,8 @@ def _small(op):
 ALGORITHMS = {
     "broadcast": {
         "single_copy": Entry(single_copy.broadcast, single_copy.broadcast_applies),
+        "slotted": Entry(slotted.broadcast, slotted.broadcast_applies,
+                         can_run=slotted.can_run),
         "tree": Entry(broadcast.tree, _small("broadcast")),
         "chain": Entry(broadcast.chain),
     },
@@ -51,6 +56,8 @@ ALGORITHMS = {
         "chain": Entry(broadcast.chain_pieces),
     },
     "all_gather": {
+        "slotted": Entry(slotted.all_gather, slotted.all_gather_applies,
+                         can_run=slotted.can_run),
         # a ring of 2 is a single exchange: the direct path is as good and simpler
         "direct": Entry(all_gather.direct,
                         lambda c, nbytes: nbytes < SMALL["all_gather"] or c.size <= 2),
@@ -107,7 +114,8 @@ def _entry(op, nbytes, comm, forced):
         if e is None:
             raise ValueError(f"ACCORD_ALGORITHMS: {op} has no algorithm {name!r}; choose one "
                              f"of {', '.join(algos)}")
-        if e.applies is None or e.applies(comm, nbytes):
+        check = e.can_run or e.applies
+        if check is None or check(comm, nbytes):
             return e
     for e in algos.values():
         if e.applies is None or e.applies(comm, nbytes):

@@ -64,6 +64,28 @@ class PeerMemory(Protocol):
     def peer_desc(self, peer: int) -> str: ...
 
 
+class SharedSlots(Protocol):
+    """A slot per rank in memory the whole group maps (shm, beyond two ranks): a rank
+    writes a piece once and every peer copies it out, where a ring copies it in and
+    out once per peer. What algorithms/slotted.py needs; the piece's number and
+    length travel as stamped messages beside it."""
+    room: int       # the bytes of one piece
+
+    def claim(self, readers: Iterable[int], nbytes: int, stamp,
+              deadline: float) -> Tuple[int, memoryview]:
+        """A piece of nbytes (at most room) in this rank's slot for `readers`, once the
+        readers of what its bytes held before have copied that out: (its position,
+        its memory). Waiting raises what a blocked call raises (abort reason,
+        PeerLost, CommTimeout, a Desync for a peer seen calling something else)."""
+    def piece(self, peer: int, start: int, nbytes: int) -> memoryview:
+        """peer's piece at position `start`; Desync for an impossible one."""
+    def release(self, peer: int, start: int, nbytes: int) -> None:
+        """This rank is done copying peer's piece at `start` out."""
+    def disagree(self, text: str) -> Exception:
+        """The Desync to raise when a piece is not what this rank's call expects."""
+    def peer_desc(self, peer: int) -> str: ...
+
+
 class Transport(Protocol):
     """The links of one member of a group to every other member.
 
@@ -75,6 +97,7 @@ class Transport(Protocol):
     size: int
     medium: str                         # "connection" | "shared memory": error messages
     peer_memory: Optional[PeerMemory]   # single copy between memories, or None
+    slots: Optional[SharedSlots]        # a shared slot per rank, or None
     p2p: Optional["Transport"]          # shm: the point-to-point plane of the same arena
     links: dict                         # peer -> the medium's link to it
     choices: dict                       # the algorithm table's memo for these links

@@ -48,6 +48,11 @@ class Reports:
         return Desync(f"{self._here()}: " + desync_text(stamp, self.peer_desc(peer), h, detail,
                                                          self.history, self.site_text))
 
+    def mismatch(self, text):
+        """A Desync saying `text` about this rank's call (what its peers' buffers or
+        pieces show), prefixed with the rank and the call."""
+        return Desync(f"{self._here()}: {text}")
+
     def corrupt(self, peer, h, problem):
         return PeerLost(f"{self._here()}: {self.peer_desc(peer)} sent a corrupt message header "
                         f"({problem}; header {tuple(h)}); the {self.medium} cannot be trusted",

@@ -65,7 +65,7 @@ import time
 
 import numpy as np
 
-from ..errors import AccordError, Desync, GroupClosed
+from ..errors import AccordError, CommTimeout, GroupClosed
 from . import cma, cma_threshold, futex, ring_helper
 from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
@@ -89,7 +89,7 @@ _R_PROBE_VAL = 152                   # 8 bytes they must find there
 _R_ABORT_LEN = 192                   # i64
 _R_ABORT_MSG = 256                   # up to _RANK_BLOCK - 256 bytes
 # arena header
-_H_MAGIC, _H_NRANKS, _H_CAP, _H_PCAP, _H_ABORT = 0, 8, 16, 24, 64
+_H_MAGIC, _H_NRANKS, _H_CAP, _H_PCAP, _H_SLOT, _H_ABORT = 0, 8, 16, 24, 32, 64
 # channel control page; the ring follows it
 _C_HEAD, _C_TAIL, _C_ACKED, _C_CMA_OK = 0, 64, 128, 192
 # what a sleeper waits for (0: nothing), so writers wake it only once that is there
@@ -102,6 +102,8 @@ _CMA_FLAG = 0x40                     # header kind bit: the payload is a _DESC, 
 _DESC = struct.Struct("<QQ")         # sender's buffer address, ack sequence number
 _DESC_MSG = HEADER_SIZE + _DESC.size
 
+SLOT_ROOM_MAX = 1 << 20              # a piece of a shared slot (slots.py): a 1 MiB block in one
+SLOT_ROOM_MIN = 64 << 10             # go, and four ranks' slots (8 MiB) within the cache
 CHAN_MAX = 4 << 20                   # a ring larger than this only costs cache
 CHAN_MIN = 16 << 10
 P2P_CHAN_MIN = 4 << 10
@@ -125,18 +127,36 @@ _LIVENESS_S = 0.5                    # how often a sleeper checks that its peers
 
 
 def arena_layout(size, arena_bytes):
-    """(ring capacity, total bytes) of the arena of a group of `size` ranks.
+    """(ring capacity, slot room, total bytes) of the arena of a group of `size` ranks.
 
     Each ordered pair has two rings: one for collectives (`cap` bytes) and one
     for point-to-point messages (p2p_cap(cap), a quarter of it: tagged messages
     larger than it stream through it in pieces while both sides copy, and those of
-    the single-copy threshold up, 16 MiB by default, go single-copy)."""
+    the single-copy threshold up, 16 MiB by default, go single-copy). Beyond two
+    ranks each rank also has a shared slot of two pieces of `room` bytes
+    (slots.py), set aside first: at most an eighth of the arena in all."""
+    room = slot_room(size, arena_bytes)
     nchan = size * (size - 1)
-    fixed = _PAGE + size * _RANK_BLOCK + 2 * nchan * _PAGE
+    fixed = _PAGE + size * _RANK_BLOCK + 2 * nchan * _PAGE + slots_bytes(size, room)
     per = max(0, arena_bytes - fixed) // max(1, nchan)
     cap = (per * 4 // 5) // _PAGE * _PAGE
     cap = max(CHAN_MIN, min(CHAN_MAX, cap))
-    return cap, arena_layout_total(size, cap)
+    return cap, room, arena_layout_total(size, cap, room)
+
+
+def slot_room(size, arena_bytes):
+    """The bytes of one piece of a rank's shared slot; 0 (no slots) at two ranks,
+    where a pairwise ring already copies each byte once on each side, or in an
+    arena too small to spare SLOT_ROOM_MIN."""
+    if size <= 2:
+        return 0
+    room = min(SLOT_ROOM_MAX, arena_bytes // (8 * 2 * size) // _PAGE * _PAGE)
+    return room if room >= SLOT_ROOM_MIN else 0
+
+
+def slots_bytes(size, room):
+    """The arena bytes of every rank's slot: a control page and two pieces each."""
+    return size * (_PAGE + 2 * room) if room else 0
 
 
 def p2p_cap(cap):
@@ -620,6 +640,7 @@ class ShmTransport(Reports):
         self._last_check = time.monotonic()
         self.cma_everywhere = False              # set by read_cma_flags
         self._peer_memory = None
+        self._slots = None
 
     # -- layout ----------------------------------------------------------------
     def rank_offset(self, r):
@@ -632,6 +653,13 @@ class ShmTransport(Reports):
         if self.plane == 0:
             return base + idx * (_PAGE + self.cap)
         return base + n * (n - 1) * (_PAGE + self._arena.cap) + idx * (_PAGE + self.cap)
+
+    def slot_offset(self, r):
+        """Where rank r's shared slot starts (slots.py): after every ring of both planes."""
+        n, arena = self.size, self._arena
+        return _PAGE + n * _RANK_BLOCK + n * (n - 1) * (2 * _PAGE + arena.cap +
+                                                         p2p_cap(arena.cap)) + \
+            r * (_PAGE + 2 * arena.room)
 
     def setup_peers(self):
         """After every rank has written its block: pids, pidfds, cross-memory checks."""
@@ -699,6 +727,18 @@ class ShmTransport(Reports):
         if self._peer_memory is None:
             self._peer_memory = ShmPeerMemory(self)
         return self._peer_memory
+
+    @property
+    def slots(self):
+        """Each rank's shared slot (slots.py), or None: at two ranks, in an arena too
+        small for them, and on the point-to-point plane. Made on first use, when
+        every rank's slot is mapped into this process at once."""
+        if self._slots is None:
+            if self.plane or self._arena is None or not self._arena.room:
+                return None
+            from .slots import ShmSlots
+            self._slots = ShmSlots(self, self._arena.mm, self._arena.room)
+        return self._slots
 
     def exchange(self, sends, recvs, stamp, deadline, meanwhile=None, ring=False):
         """Move every (peer, buffer) send and receive; return when all are done.
@@ -957,6 +997,71 @@ class ShmTransport(Reports):
                 for i in flags:
                     q[i] = 0
 
+    def await_words(self, words, want_i, deadline, what, stamp=None):
+        """Wait until each word of `words` ((peer, int64 index in the arena, value),
+        each written by that peer) reaches its value: the shared slots' flow control
+        (slots.py). Spins, yields and sleeps like _progress; before sleeping it
+        stores the lowest value awaited at want_i, where the peers look before
+        waking this rank.
+
+        Raises the abort reason of an aborted rank, PeerLost for a peer of `words`
+        that died or left without writing its word, CommTimeout at the deadline
+        (saying `what` the peers have not done), or what interrupt() handed in; with
+        `stamp` (the call's), a Desync for a peer whose next message shows that it
+        calls something else (ranks that all believe they are a broadcast's root
+        fill their slots and wait for each other, as they would on full rings)."""
+        q = self.q
+        waiting = [w for w in words if q[w[1]] < w[2]]
+        if not waiting:
+            return
+        spin_end = time.perf_counter() + self._spin_s
+        yields = 0
+        try:
+            while True:
+                waiting = [w for w in waiting if q[w[1]] < w[2]]
+                if not waiting:
+                    return
+                if time.perf_counter() < spin_end:
+                    continue
+                if yields < self._yields:
+                    yields += 1
+                    os.sched_yield()
+                    continue
+                self._check_abort()
+                if stamp is not None:
+                    self._check_incoming(stamp)
+                expected = self.i32[self._doorbell_i]
+                q[want_i] = min(v for _, _, v in waiting)
+                futex.fence()
+                if all(q[i] >= v for _, i, v in waiting):
+                    return
+                now = time.monotonic()
+                if now >= deadline:
+                    names = ", ".join(sorted({self.peer_desc(p) for p, _, _ in waiting}))
+                    raise CommTimeout(f"{self._here()}: Timed out waiting for {names} to "
+                                      f"{what} (is a rank stuck elsewhere, or calling a "
+                                      f"different collective?)")
+                self._doze(expected, min(deadline - now, _SLICE_S))
+                q[want_i] = 0
+                if self.interrupted is not None:
+                    exc, self.interrupted = self.interrupted, None
+                    raise exc
+                if time.monotonic() - self._last_check >= _LIVENESS_S:
+                    self._last_check = time.monotonic()
+                    dead = self._dead_peers()
+                    for p, i, v in waiting:
+                        if q[i] >= v:
+                            continue
+                        if p in dead:
+                            raise self.peer_lost(p, "died (its process is gone)")
+                        if q[self.links[p].peer_departed_i] == 1:
+                            raise self.peer_lost(p, "left the group (destroyed it or exited) "
+                                                    "while this rank still needed it")
+                yields = 0
+        finally:
+            if self.q is not None:
+                q[want_i] = 0
+
     def _check_blocked_sends(self, sends, stamp):
         """A collective send waiting for ring space: does any peer send us something
         this call can never take? Ranks that each believe they are a root only send;
@@ -965,6 +1070,11 @@ class ShmTransport(Reports):
         a Desync, named now."""
         if all(s.done for s in sends):
             return
+        self._check_incoming(stamp)
+
+    def _check_incoming(self, stamp):
+        """A Desync for the first peer whose next collective message is of this call or
+        an earlier one but does not match `stamp` (it calls something else)."""
         # any peer, not only the one we send to: three "roots" send in a ring
         for link in self.links.values():
             if link.incoming is not None or link.posted:
@@ -1315,7 +1425,7 @@ class ShmPeerMemory:
 
     def disagree(self, text):
         """The Desync for ranks whose buffers do not match, worded by the transport."""
-        return Desync(f"{self._t._here()}: {text}")
+        return self._t.mismatch(text)
 
     def peer_desc(self, peer):
         return self._t.peer_desc(peer)
@@ -1328,9 +1438,9 @@ def _cma_header(header):
 class Arena:
     """A mapped arena: byte, int64 and int32 views and its base address."""
 
-    def __init__(self, mm, cap):
+    def __init__(self, mm, cap, room=0):
         import ctypes
-        self.mm, self.cap = mm, cap
+        self.mm, self.cap, self.room = mm, cap, room
         self.mem = memoryview(mm)
         self.q = self.mem.cast("q")
         self.i32 = self.mem.cast("i")
@@ -1425,7 +1535,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
                 arena_bytes = min(arena_bytes, st.f_bavail * st.f_frsize // 4)
             except OSError:
                 pass
-            cap, total = arena_layout(size, arena_bytes)
+            cap, room, total = arena_layout(size, arena_bytes)
             name = f"accord-{secrets.token_hex(16)}"
             path = os.path.join(SHM_DIR, name)
             mm = _create(path, total)
@@ -1433,6 +1543,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
             head[_H_NRANKS // 8] = size
             head[_H_CAP // 8] = cap
             head[_H_PCAP // 8] = p2p_cap(cap)
+            head[_H_SLOT // 8] = room
             head[_H_MAGIC // 8] = _MAGIC
             head.release()
             store.set(f"{key}/name", name)
@@ -1445,9 +1556,9 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
             mm = _attach(path)
         q = memoryview(mm).cast("q")
         ok = q[_H_MAGIC // 8] == _MAGIC and q[_H_NRANKS // 8] == size
-        cap = q[_H_CAP // 8]
+        cap, room = q[_H_CAP // 8], q[_H_SLOT // 8]
         q.release()
-        if not ok or arena_layout_total(size, cap) != len(mm):
+        if not ok or arena_layout_total(size, cap, room) != len(mm):
             raise ShmUnavailable(f"the arena of group {prefix!r} does not have this rank's "
                                  f"layout")
     except ShmUnavailable as e:
@@ -1462,7 +1573,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
         if p2p_cma_min is None:
             p2p_cma_min = 16 << 20
     try:
-        arena = Arena(mm, cap)
+        arena = Arena(mm, cap, room)
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
         t.p2p = ShmTransport(rank, size, arena, describe_rank,
                              cma_min if p2p_cma_min is None else p2p_cma_min, plane=1)
@@ -1495,9 +1606,10 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
         raise
 
 
-def arena_layout_total(size, cap):
+def arena_layout_total(size, cap, room=0):
     nchan = size * (size - 1)
-    return _PAGE + size * _RANK_BLOCK + nchan * (2 * _PAGE + cap + p2p_cap(cap))
+    return _PAGE + size * _RANK_BLOCK + nchan * (2 * _PAGE + cap + p2p_cap(cap)) + \
+        slots_bytes(size, room)
 
 
 def _fail(store, key, rank, exc, path):

@@ -241,6 +241,7 @@ class TcpTransport(Reports):
     medium = "connection"
     p2p = None                  # a TCP group's point-to-point plane is a second mesh
     peer_memory = None          # no single copy between hosts
+    slots = None                # no memory shared between hosts
     spin_s = 0.0                # a p2p caller never spins on sockets (transport/p2p.py)
     spin_ack_s = 0.0
     wait_now_max = -1           # take_now never waits

@@ -1,0 +1,114 @@
+"""Collectives through shared slots (comm.slots, transport/slots.py): each rank writes
+a piece of its data once into its own slot and every rank that needs it copies it
+straight out, instead of each byte going into and out of a ring once per peer.
+
+Every step announces its pieces with one small stamped message per reader,
+(piece number, length): ranks calling something else read each other's stamps
+(a Desync), a length that is not what this rank's call expects is a Desync
+before a byte is copied, and a lost writer fails the receive as on any step.
+A rank never waits for its readers at the end of a call: its slot is the
+transport's memory, not the caller's, and the next write to a piece waits
+(rarely) for the readers of what it held.
+
+Data larger than a piece goes in rounds of `room` bytes; with two pieces per
+slot, the writer fills one while its readers empty the other.
+"""
+import numpy as np
+
+from . import as_bytes
+
+# Where the copies saved outweigh a step that waits for every peer at once (four ranks
+# on two cores, against the default algorithms; 300 calls a run, runs alternated,
+# benchmarks/results/small-messages.md): a broadcast from 256 KiB (world 4: 1.05-1.47x
+# the chain's speed, 1 MiB 1.45-1.6x; world 3 256 KiB 0.95x), an all-gather from
+# blocks of 512 KiB (world 4, 512 KiB blocks: 0.82-1.27x doubling's speed, 1 MiB
+# 1.45-1.77x; world 3, 256 KiB blocks 0.7-0.9x the ring's, 1 MiB 1.17-1.36x).
+BROADCAST_MIN = 256 << 10
+BLOCK_MIN = 512 << 10
+
+
+def can_run(c, nbytes):
+    """Shared memory beyond two ranks, with slots in its arena (what forcing these
+    algorithms with ACCORD_ALGORITHMS needs, at any size)."""
+    return c.slots is not None
+
+
+def broadcast_applies(c, nbytes):
+    """Shared memory beyond two ranks, with slots in its arena, and a message of at
+    least BROADCAST_MIN (the same answer on every rank: the arena's layout decides)."""
+    return nbytes >= BROADCAST_MIN and c.slots is not None
+
+
+def all_gather_applies(c, nbytes):
+    """As broadcast_applies, for an all-gather of nbytes in all whose blocks average
+    BLOCK_MIN or more."""
+    return nbytes >= BLOCK_MIN * c.size and c.slots is not None
+
+
+def _announce(number, nbytes):
+    return np.array((number, nbytes), np.int64)
+
+
+def _check(s, peer, got, want):
+    """The (number, length) a peer announced, against the length this rank expects."""
+    if int(got[1]) != want:
+        raise s.disagree(f"{s.peer_desc(peer)} put {int(got[1])} bytes in its shared slot where this "
+                         f"rank's call expects {want} (do the ranks pass the same sizes?)")
+    return int(got[0])
+
+
+def all_gather(c, blocks, mine=None, meanwhile=None):
+    """Every rank writes its block into its slot; every rank copies every other's out.
+    Blocks may differ in size (each rank expects each peer's block's own size).
+
+    mine: the source of this rank's block; meanwhile (which copies it into
+    blocks[rank]) runs while the peers' announcements arrive."""
+    s = c.slots
+    n, r = c.size, c.rank
+    room = s.room
+    outs = [as_bytes(b) for b in blocks]
+    src = outs[r] if mine is None else as_bytes(mine)
+    # each rank starts with its right neighbour's block: four ranks do not all read
+    # rank 0's slot at once
+    peers = [(r + k) % n for k in range(1, n)]
+    theirs = np.empty((n, 2), np.int64)
+    rounds = max(1, -(-max(len(o) for o in outs) // room))
+    for k in range(rounds):
+        lo, hi = k * room, (k + 1) * room
+        part = src[lo:hi]
+        number, mem = c.claim(peers, len(part))
+        mem[:] = part
+        c.exchange(sends=[(p, _announce(number, len(part))) for p in peers],
+                   recvs=[(p, theirs[p]) for p in peers],
+                   meanwhile=meanwhile if k == 0 else None)
+        for p in peers:
+            dest = outs[p][lo:hi]
+            got = _check(s, p, theirs[p], len(dest))
+            if len(dest):
+                dest[:] = s.piece(p, got, len(dest))
+            s.release(p, got, len(dest))
+
+
+def broadcast(c, arr, root):
+    """The root writes each piece once; every other rank copies it out (one copy on
+    each side, where a chain copies the message in and out on every rank)."""
+    s = c.slots
+    buf = as_bytes(arr)
+    n, room = len(buf), s.room
+    rounds = max(1, -(-n // room))
+    if c.rank == root:
+        peers = [(root + k) % c.size for k in range(1, c.size)]
+        for k in range(rounds):
+            part = buf[k * room:(k + 1) * room]
+            number, mem = c.claim(peers, len(part))
+            mem[:] = part
+            c.exchange(sends=[(p, _announce(number, len(part))) for p in peers])
+        return
+    got = np.empty(2, np.int64)
+    for k in range(rounds):
+        dest = buf[k * room:(k + 1) * room]
+        c.recv(root, got)
+        number = _check(s, root, got, len(dest))
+        if len(dest):
+            dest[:] = s.piece(root, number, len(dest))
+        s.release(root, number, len(dest))

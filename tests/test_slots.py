@@ -1,0 +1,183 @@
+"""Shared slots (transport/slots.py) and the collectives that use them
+(algorithms/slotted.py): a rank writes a piece once into its slot, every peer
+copies it out.
+
+Run as real ranks over shared memory. A small arena (8 MiB) makes the pieces
+small (168 KiB at world 3, 100 KiB at world 5), so a megabyte already takes
+several rounds and wraps around each slot; forcing the algorithms with
+ACCORD_ALGORITHMS reaches them at every size.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import accord as dist
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+FORCED = {"ACCORD_TRANSPORT": "shm",
+          "ACCORD_ALGORITHMS": "broadcast=slotted,all_gather=slotted"}
+SMALL = {**FORCED, "ACCORD_SHM_ARENA": "8M"}
+
+
+def _room():
+    return dist.world.default_group().transport.slots.room
+
+
+def _data(n, dtype, *seed):
+    rng = np.random.default_rng([n, *seed])
+    return (rng.random(n) * 1000).astype(dtype)
+
+
+def _collectives(rank, world, sizes):
+    from harness import spy_algorithms
+    with spy_algorithms("broadcast") as b_ran, spy_algorithms("all_gather") as g_ran:
+        for n in sizes:
+            for dtype in ("uint8", "float32", "float64", "complex64"):
+                for root in range(world):
+                    x = _data(n, dtype, root) if rank == root else np.zeros(n, dtype)
+                    dist.broadcast(x, root)
+                    assert np.array_equal(x, _data(n, dtype, root)), (n, dtype, root)
+                # uneven blocks: rank r gives n + 1000 r elements
+                out = [np.zeros(n + 1000 * r, dtype) for r in range(world)]
+                dist.all_gather(out, _data(n + 1000 * rank, dtype, rank, 7))
+                for r in range(world):
+                    assert np.array_equal(out[r], _data(n + 1000 * r, dtype, r, 7)), (n, r)
+                whole = np.zeros(n * world, dtype)
+                dist.all_gather_into_tensor(whole, _data(n, dtype, rank, 9))
+                assert np.array_equal(whole, np.concatenate(
+                    [_data(n, dtype, r, 9) for r in range(world)])), (n, dtype)
+    return _room(), set(b_ran), set(g_ran)
+
+
+@pytest.mark.parametrize("world", [3, 4, 5])
+def test_broadcast_and_all_gather_through_the_slots_match_numpy(world):
+    # sizes 0 and 1, one piece, and several pieces wrapping around each slot
+    sizes = [0, 1, 40_000, 150_001]
+    for room, b_ran, g_ran in run_ranks(world, _collectives, sizes, env=SMALL):
+        assert b_ran == {"slotted"} and g_ran == {"slotted"}, (b_ran, g_ran)
+        assert 2 * room < 150_001 * 8     # float64: more pieces than a slot holds
+
+
+def _root_runs_ahead(rank, world):
+    """The root broadcasts 40 messages of 2.5 pieces each while rank 1 is slow to
+    start: the root must wait for its readers before it writes over a piece, and
+    every message must arrive as it was sent."""
+    n = _room() * 5 // 2
+    if rank == 1:
+        time.sleep(0.3)
+    got = []
+    t0 = time.monotonic()
+    for i in range(40):
+        x = np.full(n, i, np.uint8) if rank == 0 else np.zeros(n, np.uint8)
+        x[::4096] = np.arange(x[::4096].size) % 251 if rank == 0 else 0
+        dist.broadcast(x, 0)
+        want = np.full(n, i, np.uint8)
+        want[::4096] = np.arange(want[::4096].size) % 251
+        got.append(bool(np.array_equal(x, want)))
+    return all(got), time.monotonic() - t0
+
+
+def test_a_root_waits_for_slow_readers_and_overwrites_nothing():
+    out = run_ranks(3, _root_runs_ahead, env=SMALL)
+    assert all(ok for ok, _ in out), out
+    # 100 pieces through a slot of two: the root cannot have finished before rank 1
+    # started reading
+    assert out[0][1] > 0.25, out
+
+
+def _reader_dies(rank, world):
+    n = _room() * 4
+    x = np.ones(n, np.uint8)
+    dist.barrier()
+    if rank == 2:
+        os._exit(3)                 # no goodbye: a crash as far as the peers can tell
+    t0 = time.monotonic()
+    try:
+        for _ in range(20):
+            dist.broadcast(x, 0)
+    except dist.PeerLost as e:
+        return "PeerLost", str(e), time.monotonic() - t0
+    except dist.CommTimeout as e:
+        return "CommTimeout", str(e), time.monotonic() - t0
+    return "ok", "", time.monotonic() - t0
+
+
+def test_a_reader_that_dies_fails_the_writer_waiting_for_it():
+    out = run_ranks(3, _reader_dies, env=SMALL, timeout=30, expect_fail=True)
+    assert out[2][0] == "died"
+    kind, (err, msg, took) = out[0]
+    assert kind == "ok" and err == "PeerLost", out[0]
+    assert "rank 2" in msg and "died" in msg and "broadcast" in msg, msg
+    assert took < 8, took
+
+
+def _reader_elsewhere(rank, world):
+    n = _room() * 4
+    x = np.ones(n, np.uint8)
+    dist.barrier()
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            for _ in range(5):
+                dist.broadcast(x, 0, timeout=2)
+        except dist.CommTimeout as e:
+            return "CommTimeout", str(e), time.monotonic() - t0
+        return "ok", "", 0
+    if rank == 2:
+        time.sleep(4)               # never takes part: stuck elsewhere
+        return "slept", "", 0
+    for _ in range(5):
+        dist.broadcast(x, 0)
+    return "ok", "", 0
+
+
+def test_a_writer_waiting_for_a_reader_times_out_naming_it():
+    out = run_ranks(3, _reader_elsewhere, env=SMALL, timeout=20, expect_fail=True)
+    kind, (err, msg, took) = out[0]
+    assert kind == "ok" and err == "CommTimeout", out[0]
+    assert "rank 2" in msg and "shared slot" in msg and "broadcast" in msg, msg
+    assert 1.5 < took < 6, took
+
+
+def _sizes_differ(rank, world):
+    # the same total on every rank, cut differently: only the pieces show it
+    sizes = [300_000, 200_000, 250_000] if rank != 1 else [200_000, 300_000, 250_000]
+    out = [np.zeros(s, np.uint8) for s in sizes]
+    try:
+        dist.all_gather(out, np.ones(sizes[rank], np.uint8))
+    except dist.Desync as e:
+        return "Desync", str(e)
+    return "ok", ""
+
+
+def test_blocks_cut_differently_are_a_desync_before_a_byte_is_copied():
+    out = run_ranks(3, _sizes_differ, env=SMALL, timeout=30, expect_fail=True)
+    kinds = [o[1][0] if o[0] == "ok" else o[0] for o in out]
+    assert "Desync" in kinds, out
+    for kind, payload in out:
+        if kind == "ok" and payload[0] == "Desync":
+            assert "shared slot" in payload[1] and "expects" in payload[1], payload[1]
+
+
+def _choices(rank, world):
+    from harness import spy_algorithms
+    with spy_algorithms("broadcast") as b_ran, spy_algorithms("all_gather") as g_ran:
+        for n in (64 << 10, 1 << 20):
+            x = np.zeros(n, np.uint8)
+            dist.broadcast(x, 0)
+            dist.all_gather([np.zeros(n, np.uint8) for _ in range(world)], x)
+    return b_ran, g_ran
+
+
+def test_the_default_choice_takes_the_slots_for_large_messages_only():
+    for world in (2, 3):
+        b_ran, g_ran = run_ranks(world, _choices, env={"ACCORD_TRANSPORT": "shm"})[0]
+        if world == 2:
+            assert "slotted" not in b_ran + g_ran        # no slots at two ranks
+        else:
+            assert b_ran == ["tree", "slotted"] and g_ran[1] == "slotted", (b_ran, g_ran)
+            assert g_ran[0] != "slotted"
