@@ -62,6 +62,43 @@ def test_broadcast_and_all_gather_through_the_slots_match_numpy(world):
         assert 2 * room < 150_001 * 8     # float64: more pieces than a slot holds
 
 
+def _all_reduce(rank, world):
+    import hashlib
+    from harness import spy_algorithms
+    digests = []
+    with spy_algorithms("all_reduce") as ran:
+        for n in (0, 1, 1001, 150_001):
+            for dtype in ("int32", "float32", "float64", "complex64"):
+                ops = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT]
+                if dtype != "complex64":
+                    ops += [dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+                if dtype != "int32":
+                    ops.append(dist.ReduceOp.AVG)
+                for op in ops:
+                    x = _data(n, dtype, rank, 3)
+                    dist.all_reduce(x, op)
+                    ins = [_data(n, dtype, r, 3) for r in range(world)]
+                    if dtype == "int32" and op != dist.ReduceOp.PRODUCT:
+                        ref = {dist.ReduceOp.SUM: np.add, dist.ReduceOp.MAX: np.maximum,
+                               dist.ReduceOp.MIN: np.minimum}[op].reduce(ins)
+                        assert np.array_equal(x, ref.astype(dtype)), (n, op)
+                    elif op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                        ref = np.sum(np.stack(ins).astype("complex128"), axis=0)
+                        if op == dist.ReduceOp.AVG:
+                            ref = ref / world
+                        assert np.allclose(x, ref.astype(dtype), rtol=1e-5), (n, op, dtype)
+                    digests.append(hashlib.sha1(x.tobytes()).hexdigest())
+    return set(ran), digests
+
+
+def test_all_reduce_through_the_slots_is_correct_and_the_same_on_every_rank():
+    out = run_ranks(4, _all_reduce, env={**SMALL, "ACCORD_ALGORITHMS": "all_reduce=slotted"},
+                    timeout=120)
+    for ran, digests in out:
+        assert ran == {"slotted"}, ran
+        assert digests == out[0][1]      # every rank ends with the same bits
+
+
 def _root_runs_ahead(rank, world):
     """The root broadcasts 40 messages of 2.5 pieces each while rank 1 is slow to
     start: the root must wait for its readers before it writes over a piece, and

@@ -67,6 +67,9 @@ ALGORITHMS = {
         "ring": Entry(all_gather.ring),
     },
     "all_reduce": {
+        "slotted": Entry(slotted.all_reduce, slotted.all_reduce_applies,
+                         scratch=lambda numel, size, itemsize: 0,
+                         can_run=slotted.all_reduce_can_run),
         "recursive_doubling": Entry(reduction.recursive_doubling, _small("all_reduce"),
                                     scratch=lambda numel, size, itemsize: numel),
         # a power of two of ranks beyond two: 2 log2(n) steps, not 2(n - 1) (world 4,
