@@ -180,6 +180,61 @@ def test_a_writer_waiting_for_a_reader_times_out_naming_it():
     assert 1.5 < took < 6, took
 
 
+def _reader_calls_something_else(rank, world):
+    """The root broadcasts well ahead of its readers; rank 2 calls an all_reduce
+    instead. The root, waiting for its slot, meets rank 2's stamps (a Desync naming
+    both calls) instead of waiting for the deadline, and aborts the group."""
+    n = _room() * 4
+    dist.barrier()
+    t0 = time.monotonic()
+    try:
+        if rank == 2:
+            dist.all_reduce(np.ones(n, np.uint8))
+        else:
+            for _ in range(10):
+                dist.broadcast(np.ones(n, np.uint8), 0)
+    except dist.AccordError as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "ok", "", time.monotonic() - t0
+
+
+def test_a_writer_waiting_for_its_slot_finds_a_rank_in_another_call():
+    out = run_ranks(3, _reader_calls_something_else, env={**SMALL, "ACCORD_TIMEOUT": "30"},
+                    timeout=30, expect_fail=True)
+    for rank in range(3):
+        kind, (err, msg, took) = out[rank]
+        assert kind == "ok" and err == "Desync", out[rank]
+        assert "broadcast #1" in msg and "rank 2 called all_reduce #1" in msg, msg
+        assert took < 8, took
+
+
+def _reader_revokes(rank, world):
+    """Rank 2 breaks the group on purpose (as shrink does) while the root waits for
+    it to read: the root hears why, from rank 2, at once."""
+    n = _room() * 4
+    dist.barrier()
+    t0 = time.monotonic()
+    try:
+        if rank == 2:
+            time.sleep(0.3)
+            dist.world.default_group().revoke(dist.PeerLost("rank 2 leaves this group"))
+            return "revoked", "", 0
+        for _ in range(10):
+            dist.broadcast(np.ones(n, np.uint8), 0)
+    except dist.AccordError as e:
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "ok", "", time.monotonic() - t0
+
+
+def test_a_writer_waiting_for_its_slot_hears_an_abort():
+    out = run_ranks(3, _reader_revokes, env={**SMALL, "ACCORD_TIMEOUT": "30"}, timeout=30,
+                    expect_fail=True)
+    kind, (err, msg, took) = out[0]
+    assert kind == "ok" and err == "PeerLost", out[0]
+    assert "rank 2 leaves this group" in msg and "[reported by rank 2" in msg, msg
+    assert took < 5, took
+
+
 def _sizes_differ(rank, world):
     # the same total on every rank, cut differently: only the pieces show it
     sizes = [300_000, 200_000, 250_000] if rank != 1 else [200_000, 300_000, 250_000]
