@@ -439,6 +439,8 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("all_gather", 1 << 20, shm4, {}) is all_gather.doubling
     assert choose("all_gather", 8, shm4, {"all_gather": "slotted"}) is slotted.all_gather
     assert choose("broadcast", 1 << 20, tcp4, {"broadcast": "slotted"}) is broadcast.chain
+    assert choose("broadcast_list", 1 << 20, shm4, {}) is slotted.broadcast_list
+    assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
     assert choose("all_reduce", 1 << 20, shm4, {}) is slotted.all_reduce
     assert choose("all_reduce", 512 << 10, shm4, {}) is reduction.halving_doubling
     shm3 = SimpleNamespace(rank=0, size=3, peer_memory=pm, slots=object(), choices={})

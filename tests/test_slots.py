@@ -99,6 +99,48 @@ def test_all_reduce_through_the_slots_is_correct_and_the_same_on_every_rank():
         assert digests == out[0][1]      # every rank ends with the same bits
 
 
+def _state(rank, world):
+    from harness import spy_algorithms
+
+    def make(seed):
+        # packed small tensors, large ones in place, a strided view, an empty one
+        rng = np.random.default_rng(seed)
+        sd = {f"w{i}": rng.random(n).astype(np.float32)
+              for i, n in enumerate([3, 1000, 70_000, 0, 5, 300_000, 17])}
+        sd["t"] = rng.random((300, 200)).astype(np.float64).T
+        sd["i"] = rng.integers(0, 1 << 40, 1234)
+        return sd
+    want = make(1)
+    with spy_algorithms("broadcast_list") as ran:
+        for k in range(3):              # the first sync, then repeated ones
+            sd = make(1) if rank == 0 else {key: np.zeros_like(v) for key, v in want.items()}
+            dist.broadcast_state(sd, src=0)
+            for key, v in want.items():
+                assert np.array_equal(sd[key], v), (k, key)
+    return set(ran)
+
+
+def test_broadcast_state_through_the_slots_matches_the_root():
+    env = {**SMALL, "ACCORD_ALGORITHMS": "broadcast_list=slotted", "ACCORD_SHM_CMA": "0"}
+    for ran in run_ranks(3, _state, env=env):
+        assert ran == {"slotted"}, ran
+
+
+def test_a_list_is_cut_into_the_same_pieces_from_its_lengths():
+    from accord.algorithms.slotted import list_pieces
+    room, flush = 1000, 100
+    # small buffers share a piece until one ends past the flush mark
+    assert list_pieces([30, 30, 50, 10], room, flush) == [110, 10]
+    # a large buffer fills whole pieces; what is left of it goes once it ends
+    assert list_pieces([2500, 40], room, flush) == [1000, 1000, 500, 40]
+    # a buffer ending exactly at a piece's end, empty buffers, nothing at all
+    assert list_pieces([0, 1000, 0, 0, 5], room, flush) == [1000, 5]
+    assert list_pieces([0, 0], room, flush) == [] == list_pieces([], room, flush)
+    lengths = list(np.random.default_rng(5).integers(0, 3000, 200))
+    pieces = list_pieces(lengths, room, flush)
+    assert sum(pieces) == sum(lengths) and max(pieces) <= room and min(pieces) > 0
+
+
 def _root_runs_ahead(rank, world):
     """The root broadcasts 40 messages of 2.5 pieces each while rank 1 is slow to
     start: the root must wait for its readers before it writes over a piece, and

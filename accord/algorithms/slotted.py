@@ -122,6 +122,86 @@ def broadcast(c, arr, root):
         s.release(root, number, len(dest))
 
 
+LIST_FLUSH = 64 << 10        # a piece of a list broadcast goes once a buffer ends past this
+
+
+def list_pieces(lengths, room, flush=LIST_FLUSH):
+    """The lengths of the pieces a list broadcast of buffers of these lengths is cut
+    into: buffers fill pieces of up to `room` bytes one after the other, and a piece
+    goes as soon as a buffer ends with `flush` bytes or more in it, so the receivers
+    copy one buffer out (and unpack it) while the root packs the next. The root and
+    the receivers cut the same pieces from the same lengths."""
+    pieces, cur = [], 0
+    for n in lengths:
+        while n:
+            k = min(n, room - cur)
+            cur += k
+            n -= k
+            if cur == room:
+                pieces.append(cur)
+                cur = 0
+        if cur >= flush:
+            pieces.append(cur)
+            cur = 0
+    if cur:
+        pieces.append(cur)
+    return pieces
+
+
+def broadcast_list(c, bufs, root, before=None, after=None):
+    """A broadcast of a list of buffers (a bucket's tensors) through the root's slot,
+    in the pieces list_pieces cuts: many small buffers share a piece, a large one
+    spans several.
+
+    before(i) / after(i): the root's work before buffer i is copied in (packing it),
+    a receiver's once buffer i is all in (unpacking it)."""
+    s = c.slots
+    views = [as_bytes(b) for b in bufs]
+    plan = list_pieces([len(v) for v in views], s.room)
+    is_root = c.rank == root
+    peers = [(root + k) % c.size for k in range(1, c.size)] if is_root else ()
+    got = np.empty(2, np.int64)
+    i, off = 0, 0                       # the buffer being copied, and how far
+    hook = before if is_root else after
+
+    def skip_empty(i):
+        while i < len(views) and not len(views[i]):
+            if hook is not None:
+                hook(i)
+            i += 1
+        return i
+    i = skip_empty(i)
+    for want in plan:
+        if is_root:
+            start, mem = c.claim(peers, want)
+        else:
+            c.recv(root, got)
+            start = _check(s, root, got, want)
+            mem = s.piece(root, start, want)
+        fill = 0
+        while fill < want:
+            v = views[i]
+            if is_root and off == 0 and hook is not None:
+                hook(i)
+            k = min(len(v) - off, want - fill)
+            if is_root:
+                mem[fill:fill + k] = v[off:off + k]
+            else:
+                v[off:off + k] = mem[fill:fill + k]
+            fill += k
+            off += k
+            if off == len(v):
+                if not is_root and hook is not None:
+                    hook(i)
+                i, off = skip_empty(i + 1), 0
+        del mem
+        if is_root:
+            c.exchange(sends=[(p, _announce(start, want)) for p in peers])
+        else:
+            s.release(root, start, want)
+    skip_empty(i)
+
+
 def all_reduce_applies(c, nbytes):
     """A power of two of ranks beyond two with slots (halving_doubling's shape), from
     ALL_REDUCE_MIN bytes."""
