@@ -3,7 +3,7 @@ a piece of its data once into its own slot and every rank that needs it copies i
 straight out, instead of each byte going into and out of a ring once per peer.
 
 Every step announces its pieces with one small stamped message per reader,
-(piece number, length): ranks calling something else read each other's stamps
+(position in the slot, length): ranks calling something else read each other's stamps
 (a Desync), a length that is not what this rank's call expects is a Desync
 before a byte is copied, and a lost writer fails the receive as on any step.
 A rank never waits for its readers at the end of a call: its slot is the
@@ -53,15 +53,17 @@ def all_gather_applies(c, nbytes):
     return nbytes >= BLOCK_MIN * c.size and c.slots is not None
 
 
-def _announce(number, nbytes):
-    return np.array((number, nbytes), np.int64)
+def _announce(start, nbytes):
+    return np.array((start, nbytes), np.int64)
 
 
 def _check(s, peer, got, want):
-    """The (number, length) a peer announced, against the length this rank expects."""
+    """The position a peer announced for its piece, once its length is the one this
+    rank's call expects (a Desync otherwise)."""
     if int(got[1]) != want:
-        raise s.disagree(f"{s.peer_desc(peer)} put {int(got[1])} bytes in its shared slot where this "
-                         f"rank's call expects {want} (do the ranks pass the same sizes?)")
+        raise s.disagree(f"{s.peer_desc(peer)} put {int(got[1])} bytes in its shared slot "
+                         f"where this rank's call expects {want} (do the ranks pass the "
+                         f"same sizes?)")
     return int(got[0])
 
 
@@ -84,9 +86,9 @@ def all_gather(c, blocks, mine=None, meanwhile=None):
     for k in range(rounds):
         lo, hi = k * room, (k + 1) * room
         part = src[lo:hi]
-        number, mem = c.claim(peers, len(part))
+        at, mem = c.claim(peers, len(part))
         mem[:] = part
-        c.exchange(sends=[(p, _announce(number, len(part))) for p in peers],
+        c.exchange(sends=[(p, _announce(at, len(part))) for p in peers],
                    recvs=[(p, theirs[p]) for p in peers],
                    meanwhile=meanwhile if k == 0 else None)
         for p in peers:
@@ -108,18 +110,18 @@ def broadcast(c, arr, root):
         peers = [(root + k) % c.size for k in range(1, c.size)]
         for k in range(rounds):
             part = buf[k * room:(k + 1) * room]
-            number, mem = c.claim(peers, len(part))
+            at, mem = c.claim(peers, len(part))
             mem[:] = part
-            c.exchange(sends=[(p, _announce(number, len(part))) for p in peers])
+            c.exchange(sends=[(p, _announce(at, len(part))) for p in peers])
         return
     got = np.empty(2, np.int64)
     for k in range(rounds):
         dest = buf[k * room:(k + 1) * room]
         c.recv(root, got)
-        number = _check(s, root, got, len(dest))
+        at = _check(s, root, got, len(dest))
         if len(dest):
-            dest[:] = s.piece(root, number, len(dest))
-        s.release(root, number, len(dest))
+            dest[:] = s.piece(root, at, len(dest))
+        s.release(root, at, len(dest))
 
 
 LIST_FLUSH = 64 << 10        # a piece of a list broadcast goes once a buffer ends past this
@@ -235,11 +237,11 @@ def all_reduce(c, acc, op, bf16, tmp=None):
         partner = r ^ mask
         mid = (b0 + b1) // 2
         keep, give = ((b0, mid), (mid, b1)) if not r & mask else ((mid, b1), (b0, mid))
-        g = flat[starts[give[0]]:starts[give[1]]]
-        k = flat[starts[keep[0]]:starts[keep[1]]]
+        given = flat[starts[give[0]]:starts[give[1]]]
+        kept = flat[starts[keep[0]]:starts[keep[1]]]
         # both sides cut the same pieces: each derives them from the lengths
-        for i in range(0, max(g.size, k.size, 1), per):
-            gp, kp = g[i:i + per], k[i:i + per]
+        for i in range(0, max(given.size, kept.size, 1), per):
+            gp, kp = given[i:i + per], kept[i:i + per]
             pos, mem = c.claim((partner,), gp.nbytes)
             mem[:] = as_bytes(gp)
             c.swap(partner, _announce(pos, gp.nbytes), got)

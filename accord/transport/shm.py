@@ -9,7 +9,9 @@ stays in /dev/shm after an exit, an exception or a SIGKILL. Inside it:
   message; one arena-wide word names the first rank that aborted;
 - per ordered pair of ranks: a single-producer single-consumer byte ring.
   `head` is written only by the producer, `tail` and `acked` only by the
-  consumer, so no atomic read-modify-write is needed on the data path.
+  consumer, so no atomic read-modify-write is needed on the data path;
+- beyond two ranks, per rank: a shared slot, written by its rank and read by
+  every peer (slots.py; algorithms/slotted.py's collectives use it).
 
 Messages are the TCP transport's: a 32-byte stamped header, then the payload,
 streamed through the ring in chunks (the producer publishes each chunk as it
@@ -102,8 +104,9 @@ _CMA_FLAG = 0x40                     # header kind bit: the payload is a _DESC, 
 _DESC = struct.Struct("<QQ")         # sender's buffer address, ack sequence number
 _DESC_MSG = HEADER_SIZE + _DESC.size
 
-SLOT_ROOM_MAX = 1 << 20              # a piece of a shared slot (slots.py): a 1 MiB block in one
-SLOT_ROOM_MIN = 64 << 10             # go, and four ranks' slots (8 MiB) within the cache
+SLOT_ROOM_MAX = 1 << 20              # a shared slot's piece (slots.py): a 1 MiB block goes in
+                                     # one; four ranks' slots (8 MiB) stay in the cache
+SLOT_ROOM_MIN = 64 << 10             # smaller pieces would not pay: no slots in such an arena
 CHAN_MAX = 4 << 20                   # a ring larger than this only costs cache
 CHAN_MIN = 16 << 10
 P2P_CHAN_MIN = 4 << 10
@@ -696,13 +699,19 @@ class ShmTransport(Reports):
         (MADV_POPULATE_WRITE, Linux 5.14) maps them in bulk, about a third of
         the faults' time; where the kernel lacks it, the pages fault in as before.
         """
-        mm = self._arena.mm
         for peer in self.links:
             for c in (self.chan_offset(self.rank, peer), self.chan_offset(peer, self.rank)):
-                try:
-                    mm.madvise(_MADV_POPULATE_WRITE, c, _PAGE + self.cap)
-                except (OSError, ValueError, AttributeError):
+                if not self._map_in(c, _PAGE + self.cap):
                     return
+
+    def _map_in(self, offset, n):
+        """MADV_POPULATE_WRITE over n bytes of the arena from offset; False where the
+        kernel cannot (the pages then fault in on first touch)."""
+        try:
+            self._arena.mm.madvise(_MADV_POPULATE_WRITE, offset, n)
+            return True
+        except (OSError, ValueError, AttributeError):
+            return False
 
     # -- the interface ---------------------------------------------------------------
     def _send(self, peer, header, buf, ring=False):
@@ -732,12 +741,15 @@ class ShmTransport(Reports):
     def slots(self):
         """Each rank's shared slot (slots.py), or None: at two ranks, in an arena too
         small for them, and on the point-to-point plane. Made on first use, when
-        every rank's slot is mapped into this process at once."""
+        every slot this rank writes or reads is mapped into it at once (as populate()
+        does for the rings), not page by page during the first calls."""
         if self._slots is None:
-            if self.plane or self._arena is None or not self._arena.room:
+            room = self._arena.room if self._arena is not None else 0
+            if self.plane or not room:
                 return None
             from .slots import ShmSlots
-            self._slots = ShmSlots(self, self._arena.mm, self._arena.room)
+            self._map_in(self.slot_offset(0), self.size * (_PAGE + 2 * room))
+            self._slots = ShmSlots(self, room)
         return self._slots
 
     def exchange(self, sends, recvs, stamp, deadline, meanwhile=None, ring=False):

@@ -24,10 +24,10 @@ from typing import Iterable, Tuple
 
 from . import futex
 
-_PAGE = 4096
-_MADV_POPULATE_WRITE = 23
+_PAGE = 4096        # the control page before a slot's bytes (shm.py's layout)
 _WANT = 0           # i64, the writer's: wake me once a reader's word reaches this
-_DONE = 64          # + 64 * reader, i64, that reader's: one past the last piece it copied out
+_DONE = 64          # + 64 * reader, i64, that reader's: where the last piece it copied
+                    # out of this slot ended
 
 
 class ShmSlots:
@@ -41,9 +41,8 @@ class ShmSlots:
     end of the last piece it copied out of this slot (a reader takes a writer's
     pieces in the order they were written)."""
 
-    def __init__(self, t, mm, room):
-        """t: the ShmTransport of the collective plane; mm, room: its arena's mapping
-        and slot room."""
+    def __init__(self, t, room):
+        """t: the ShmTransport of the collective plane; room: its arena's piece size."""
         self._t = t
         self.room = room
         self._cap = 2 * self.room
@@ -54,13 +53,6 @@ class ShmSlots:
         me = self._base[t.rank]
         self._want_i = (me + _WANT) // 8
         self._done = [(me + _DONE + 64 * r) // 8 for r in range(t.size)]
-        # every slot this rank will write or read, mapped in now, not page by page
-        # during the first calls (as ShmTransport.populate does for the rings)
-        try:
-            mm.madvise(_MADV_POPULATE_WRITE, self._base[0],
-                                t.size * (_PAGE + self._cap))
-        except (OSError, ValueError, AttributeError):
-            pass
 
     def claim(self, readers: Iterable[int], nbytes: int, stamp,
               deadline: float) -> Tuple[int, memoryview]:
