@@ -22,17 +22,19 @@ import numpy as np
 from ..reduceops import ReduceOp, finish_avg, reduce_into
 from . import as_bytes, even_counts
 
-# Where the copies saved outweigh a step that waits for every peer at once (four ranks
-# on two cores, against the default algorithms; 300 calls a run, runs alternated,
-# benchmarks/results/small-messages.md): a broadcast from 256 KiB (world 4: 1.05-1.47x
-# the chain's speed, 1 MiB 1.45-1.6x; world 3 256 KiB 0.95x), an all-gather from
-# blocks of 512 KiB (world 4, 512 KiB blocks: 0.82-1.27x doubling's speed, 1 MiB
-# 1.45-1.77x; world 3, 256 KiB blocks 0.7-0.9x the ring's, 1 MiB 1.17-1.36x).
+# Where the copies saved outweigh a step that waits for every peer at once, with more
+# ranks than cores (benchmarks/algorithms.py, 300 calls a run, the algorithms in turn,
+# medians of 3; the time against the default's, lower is faster; the figures and the
+# earlier paired runs are in benchmarks/results/small-messages.md):
+# - broadcast from 256 KiB: world 4 0.82x the chain's time, 1 MiB 0.85x (world 3 on
+#   the same 2 cores: 1.28x and 1.23x in that run, 0.51x and 0.40x in paired runs);
+# - all_gather of blocks from 512 KiB: world 4 0.85x recursive doubling's time, 1 MiB
+#   blocks 0.54x, 256 KiB 1.39x; world 3 1 MiB 0.70x the ring's, 256 KiB 1.30x;
+# - all_reduce from 1 MiB: world 4 0.97x halving_doubling's time (1 MiB; 512 KiB 1.60x),
+#   4 MiB 0.48x; world 8 1 MiB 0.90x.
 BROADCAST_MIN = 256 << 10
 BLOCK_MIN = 512 << 10
-ALL_REDUCE_MIN = 1 << 20      # world 4: 512 KiB 0.78-0.85x halving_doubling's speed,
-                              # 1 MiB 1.16x, 4 MiB 2.2-2.5x, 16 MiB 1.1-1.37x; world 8
-                              # 1 MiB 1.42x
+ALL_REDUCE_MIN = 1 << 20
 
 
 def can_run(c, nbytes):
