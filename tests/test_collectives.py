@@ -445,6 +445,10 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("all_reduce", 512 << 10, shm4, {}) is reduction.halving_doubling
     shm3 = SimpleNamespace(rank=0, size=3, peer_memory=pm, slots=object(), choices={})
     assert choose("all_reduce", 1 << 20, shm3, {}) is reduction.ring_allreduce
+    # three ranks: a broadcast through the slots from 1 MiB, a list from 256 KiB
+    assert choose("broadcast", 512 << 10, shm3, {}) is broadcast.chain
+    assert choose("broadcast", 1 << 20, shm3, {}) is slotted.broadcast
+    assert choose("broadcast_list", 512 << 10, shm3, {}) is slotted.broadcast_list
     assert choose("all_reduce", 8, shm3, {"all_reduce": "slotted"}) is \
         reduction.recursive_doubling
     assert choose("broadcast", 16 << 20, tcp4, {"broadcast": "single_copy"}) is broadcast.chain

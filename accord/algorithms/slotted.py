@@ -26,13 +26,18 @@ from . import as_bytes, even_counts
 # ranks than cores (benchmarks/algorithms.py, 300 calls a run, the algorithms in turn,
 # medians of 3; the time against the default's, lower is faster; the figures and the
 # earlier paired runs are in benchmarks/results/small-messages.md):
-# - broadcast from 256 KiB: world 4 0.82x the chain's time, 1 MiB 0.85x (world 3 on
-#   the same 2 cores: 1.28x and 1.23x in that run, 0.51x and 0.40x in paired runs);
+# - broadcast from 256 KiB: world 4 0.82x the chain's time, 1 MiB 0.85x; at world 3,
+#   where a chain has one hop fewer to save, from 1 MiB (256 KiB 1.28x and 1.34x in two
+#   runs, 1 MiB 1.23x and 0.88x; 0.51x and 0.40x in paired runs);
+# - broadcast_list (broadcast_state's buckets) from 256 KiB at any world: the root
+#   packs a buffer while the receivers unpack the one before (world 3, 602 KiB of 30
+#   tensors: 0.29-0.41 ms against the chain's 0.41-0.51);
 # - all_gather of blocks from 512 KiB: world 4 0.85x recursive doubling's time, 1 MiB
 #   blocks 0.54x, 256 KiB 1.39x; world 3 1 MiB 0.70x the ring's, 256 KiB 1.30x;
 # - all_reduce from 1 MiB: world 4 0.97x halving_doubling's time (1 MiB; 512 KiB 1.60x),
 #   4 MiB 0.48x; world 8 1 MiB 0.90x.
 BROADCAST_MIN = 256 << 10
+BROADCAST_MIN_3 = 1 << 20
 BLOCK_MIN = 512 << 10
 ALL_REDUCE_MIN = 1 << 20
 
@@ -45,7 +50,14 @@ def can_run(c, nbytes):
 
 def broadcast_applies(c, nbytes):
     """Shared memory beyond two ranks, with slots in its arena, and a message of at
-    least BROADCAST_MIN (the same answer on every rank: the arena's layout decides)."""
+    least BROADCAST_MIN (BROADCAST_MIN_3 at three ranks); the same answer on every
+    rank: the arena's layout decides."""
+    least = BROADCAST_MIN_3 if c.size == 3 else BROADCAST_MIN
+    return nbytes >= least and c.slots is not None
+
+
+def list_applies(c, nbytes):
+    """As broadcast_applies, from BROADCAST_MIN at any size of group."""
     return nbytes >= BROADCAST_MIN and c.slots is not None
 
 

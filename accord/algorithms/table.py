@@ -52,7 +52,7 @@ ALGORITHMS = {
         # benchmarks/bench_state.py -n 2); more: the split single copy
         "ring": Entry(single_copy.ring_list, single_copy.ring_list_applies),
         "single_copy": Entry(single_copy.broadcast_list, single_copy.list_applies),
-        "slotted": Entry(slotted.broadcast_list, slotted.broadcast_applies,
+        "slotted": Entry(slotted.broadcast_list, slotted.list_applies,
                          can_run=slotted.can_run),
         "tree": Entry(broadcast.tree_pieces, _small("broadcast")),
         "chain": Entry(broadcast.chain_pieces),
