@@ -289,3 +289,53 @@ def test_the_default_choice_takes_the_slots_for_large_messages_only():
             # three ranks: a broadcast from 1 MiB, an all-gather of blocks from 512 KiB
             assert b_ran == ["tree", "chain", "slotted"], b_ran
             assert g_ran[0] != "slotted" and g_ran[1:] == ["slotted", "slotted"], g_ran
+
+
+def test_a_writer_woken_by_an_abort_says_why_even_if_the_aborter_left_too():
+    # In-process ranks (threads): rank 2 never reads rank 0's pieces. It has left
+    # (its departed flag) by the time its abort wakes rank 0, whose liveness check
+    # is due: rank 0 must report the abort's reason, not only that rank 2 left.
+    import threading
+
+    from accord.store import HashStore
+    from accord.transport import shm
+    from accord.transport.wire import Stamp
+    store, out = HashStore(), [None] * 3
+
+    def member(r):
+        out[r] = shm.connect_shm(store, "slots-abort", r, 3, lambda g: f"rank {g}",
+                                 time.monotonic() + 20, arena_bytes=8 << 20, cma_min=0)
+    ts = [threading.Thread(target=member, args=(r,)) for r in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    t0, t2 = out[0], out[2]
+    try:
+        s = t0.slots
+        stamp = Stamp(2, 1, 0, 0, 0, 4 * s.room, "uint8")
+        for _ in range(2):                          # fill the slot for rank 2
+            s.claim([2], s.room, stamp, time.monotonic() + 5)
+        got = []
+
+        def writer():
+            try:
+                s.claim([2], s.room, stamp, time.monotonic() + 10)
+                got.append(None)
+            except Exception as e:
+                got.append(e)
+        w = threading.Thread(target=writer)
+        w.start()
+        time.sleep(0.1)                             # rank 0 sleeps on its doorbell
+        t0._last_check = 0.0                        # its liveness check is due when it wakes
+        t2.q[(t2.rank_offset(2) + shm._R_DEPARTED) // 8] = 1
+        t2.abort(dist.PeerLost("rank 2 gives up"))
+        w.join(10)
+        assert not w.is_alive()
+        assert isinstance(got[0], dist.PeerLost), got
+        assert "rank 2 gives up" in str(got[0]) and "[reported by rank 2]" in str(got[0]), got
+    finally:
+        for t in out:
+            if t is not None:
+                t.p2p.close(0.0)
+                t.close(0.0)

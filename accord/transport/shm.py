@@ -1060,6 +1060,11 @@ class ShmTransport(Reports):
                     raise exc
                 if time.monotonic() - self._last_check >= _LIVENESS_S:
                     self._last_check = time.monotonic()
+                    # a rank that aborted, or one calling something else, says why before
+                    # its departure would say only that it left (as in _check_peers)
+                    self._check_abort()
+                    if stamp is not None:
+                        self._check_incoming(stamp)
                     dead = self._dead_peers()
                     for p, i, v in waiting:
                         if q[i] >= v:
