@@ -250,6 +250,25 @@ def test_a_writer_waiting_for_its_slot_hears_an_abort():
     assert took < 5, took
 
 
+def _tiny_block(rank, world):
+    """Rank 0 gives 1 byte (then nothing), the others 200 KiB, 300 times: rank 0's tiny
+    pieces must not pile up in its memory of pieces to protect."""
+    from accord.transport import slots
+    sizes = [1] + [200 << 10] * (world - 1)
+    for k in range(300):
+        if k == 150:
+            sizes[0] = 0
+        out = [np.zeros(n, np.uint8) for n in sizes]
+        dist.all_gather(out, np.full(sizes[rank], rank + k % 7, np.uint8))
+        assert all((o == r + k % 7).all() for r, o in enumerate(out)), k
+    return len(dist.world.default_group().transport.slots._live), slots._LIVE_MAX
+
+
+def test_tiny_pieces_do_not_pile_up():
+    for kept, most in run_ranks(3, _tiny_block, env=SMALL):
+        assert kept <= most + 1, (kept, most)
+
+
 def _sizes_differ(rank, world):
     # the same total on every rank, cut differently: only the pieces show it
     sizes = [300_000, 200_000, 250_000] if rank != 1 else [200_000, 300_000, 250_000]

@@ -28,6 +28,7 @@ _PAGE = 4096        # the control page before a slot's bytes (shm.py's layout)
 _WANT = 0           # i64, the writer's: wake me once a reader's word reaches this
 _DONE = 64          # + 64 * reader, i64, that reader's: where the last piece it copied
                     # out of this slot ended
+_LIVE_MAX = 64      # pieces remembered before those copied out are looked for
 
 
 class ShmSlots:
@@ -64,12 +65,17 @@ class ShmSlots:
         cap = self._cap
         start = self._head
         pos = start % cap
+        if not nbytes:                          # nothing to protect, nothing to wait for
+            off = self._base[self._t.rank] + _PAGE + pos
+            return start, self._t.mem[off:off]
         if pos + nbytes > cap:                  # a piece is one contiguous range
             start += cap - pos
             pos = 0
         end = start + nbytes
         need = {}
         live = self._live
+        if len(live) > _LIVE_MAX:
+            self._forget_released()
         while live and live[0][0] < end - cap:
             _, e, rs = live.popleft()
             for r in rs:
@@ -82,6 +88,14 @@ class ShmSlots:
         self._head = end
         off = self._base[self._t.rank] + _PAGE + pos
         return start, self._t.mem[off:off + nbytes]
+
+    def _forget_released(self):
+        """Drop the oldest pieces every reader has copied out: tiny pieces (a rank's
+        small block in an uneven all_gather) would otherwise pile up for a whole
+        lap of the slot before their bytes are wanted again."""
+        q, live = self._t.q, self._live
+        while live and all(q[self._done[r]] >= live[0][1] for r in live[0][2]):
+            live.popleft()
 
     def piece(self, peer: int, start: int, nbytes: int) -> memoryview:
         """The nbytes of peer's piece at position `start`, to copy out (then release())."""
