@@ -62,6 +62,9 @@ class ShmSlots:
         whose bytes it reuses have copied that out. The position goes to the readers
         with the length. stamp: the call's (a peer found calling something else
         while this rank waits is a Desync)."""
+        if not 0 <= nbytes <= self.room:
+            raise ValueError(f"a piece of a shared slot holds 0 to {self.room} bytes, "
+                             f"not {nbytes}")
         cap = self._cap
         start = self._head
         pos = start % cap
