@@ -67,7 +67,7 @@ class PeerMemory(Protocol):
 class SharedSlots(Protocol):
     """A slot per rank in memory the whole group maps (shm, beyond two ranks): a rank
     writes a piece once and every peer copies it out, where a ring copies it in and
-    out once per peer. What algorithms/slotted.py needs; the piece's number and
+    out once per peer. What algorithms/slotted.py needs; the piece's position and
     length travel as stamped messages beside it."""
     room: int       # the bytes of one piece
 
