@@ -1069,11 +1069,8 @@ class ShmTransport(Reports):
                     for p, i, v in waiting:
                         if q[i] >= v:
                             continue
-                        if p in dead:
-                            raise self.peer_lost(p, "died (its process is gone)")
-                        if q[self.links[p].peer_departed_i] == 1:
-                            raise self.peer_lost(p, "left the group (destroyed it or exited) "
-                                                    "while this rank still needed it")
+                        if p in dead or q[self.links[p].peer_departed_i] == 1:
+                            raise self._gone(p, p not in dead)
                 yields = 0
         finally:
             if self.q is not None:
@@ -1153,12 +1150,17 @@ class ShmTransport(Reports):
                 if all(s.done for s in sends if s.peer == peer) and \
                         all(r.done for r in recvs if r.peer == peer) and peer not in drain:
                     continue
-                if departed:
-                    raise self.peer_lost(peer, "left the group (destroyed it or exited) while "
-                                               "this rank still needed it")
-                raise self.peer_lost(peer, "died (its process is gone)")
+                raise self._gone(peer, departed)
             if not departed:
-                raise self.peer_lost(peer, "died (its process is gone)")
+                raise self._gone(peer, False)
+
+    def _gone(self, peer, departed):
+        """The PeerLost for a peer that left the group on purpose (departed) or whose
+        process is gone."""
+        if departed:
+            return self.peer_lost(peer, "left the group (destroyed it or exited) while this "
+                                        "rank still needed it")
+        return self.peer_lost(peer, "died (its process is gone)")
 
     def interrupt(self, exc):
         """End the call sleeping here with exc: another thread proved it can never
@@ -1236,10 +1238,9 @@ class ShmTransport(Reports):
                 msg = bytes(self.mem[pb + _R_ABORT_MSG:pb + _R_ABORT_MSG + n])
                 out[peer] = decode_error(msg, self.peer_desc(peer))
             elif self.q[link.peer_departed_i] == 1 or link.departed:
-                out[peer] = self.peer_lost(peer, "left the group (destroyed it or exited) "
-                                                 "while this rank still needed it")
+                out[peer] = self._gone(peer, True)
             elif peer in dead:
-                out[peer] = self.peer_lost(peer, "died (its process is gone)")
+                out[peer] = self._gone(peer, False)
         return out
 
     def arm(self, links):
