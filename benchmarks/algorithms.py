@@ -33,7 +33,9 @@ def worker(op, nbytes, calls):
 
     accord.init_process_group()
     rank, world = accord.get_rank(), accord.get_world_size()
-    x = np.zeros(nbytes // 4, np.float32)       # zeros: sums stay finite
+    # written, not np.zeros: calloc's untouched pages all read the one zero page, which
+    # flatters every copy out of x; zeros for all_reduce, so sums stay finite
+    x = np.full(nbytes // 4, 0.0 if op == "all_reduce" else rank + 1, np.float32)
     outs = [np.empty_like(x) for _ in range(world)]
     call = {"broadcast": lambda: accord.broadcast(x, src=0),
             "all_gather": lambda: accord.all_gather(outs, x),

@@ -429,21 +429,29 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("broadcast", 8, tcp4, {}) is broadcast.tree
     # single copy where the peers' memory allows it; forcing it elsewhere changes nothing
     pm = SimpleNamespace(min_bytes=1 << 20, everywhere=True, usable=lambda p: True)
-    shm4 = SimpleNamespace(rank=0, size=4, peer_memory=pm, slots=object(), choices={})
+    slots = SimpleNamespace(room=1 << 20)
+    shm4 = SimpleNamespace(rank=0, size=4, peer_memory=pm, slots=slots, choices={})
     assert choose("broadcast", 16 << 20, shm4, {}) is single_copy.broadcast
     # shared slots beyond two ranks: broadcasts from 256 KiB up to single copy's size,
-    # all-gathers of blocks from 512 KiB; forced, at any size
+    # all-gathers of blocks from 512 KiB to two pieces, all-reduces from 1 to 4 MiB;
+    # forced, at any size
     assert choose("broadcast", 1 << 20, shm4, {}) is slotted.broadcast
     assert choose("broadcast", 200 << 10, shm4, {}) is broadcast.tree
     assert choose("all_gather", 4 << 20, shm4, {}) is slotted.all_gather
     assert choose("all_gather", 1 << 20, shm4, {}) is all_gather.doubling
+    assert choose("all_gather", 8 << 20, shm4, {}) is slotted.all_gather
+    assert choose("all_gather", (8 << 20) + 4, shm4, {}) is all_gather.doubling
+    assert choose("all_gather", 64 << 20, shm4, {"all_gather": "slotted"}) is \
+        slotted.all_gather
     assert choose("all_gather", 8, shm4, {"all_gather": "slotted"}) is slotted.all_gather
     assert choose("broadcast", 1 << 20, tcp4, {"broadcast": "slotted"}) is broadcast.chain
     assert choose("broadcast_list", 1 << 20, shm4, {}) is slotted.broadcast_list
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
     assert choose("all_reduce", 1 << 20, shm4, {}) is slotted.all_reduce
     assert choose("all_reduce", 512 << 10, shm4, {}) is reduction.halving_doubling
-    shm3 = SimpleNamespace(rank=0, size=3, peer_memory=pm, slots=object(), choices={})
+    assert choose("all_reduce", 4 << 20, shm4, {}) is slotted.all_reduce
+    assert choose("all_reduce", 16 << 20, shm4, {}) is reduction.halving_doubling
+    shm3 = SimpleNamespace(rank=0, size=3, peer_memory=pm, slots=slots, choices={})
     assert choose("all_reduce", 1 << 20, shm3, {}) is reduction.ring_allreduce
     # three ranks: a broadcast through the slots from 1 MiB, a list from 256 KiB
     assert choose("broadcast", 512 << 10, shm3, {}) is broadcast.chain

@@ -36,10 +36,19 @@ from . import as_bytes, even_counts
 #   blocks 0.54x, 256 KiB 1.39x; world 3 1 MiB 0.70x the ring's, 256 KiB 1.30x;
 # - all_reduce from 1 MiB: world 4 0.97x halving_doubling's time (1 MiB; 512 KiB 1.60x),
 #   4 MiB 0.48x; world 8 1 MiB 0.90x.
+# And up to where the others copy between memories once (single copy, one copy a byte
+# where the slots take two), with inputs written (not calloc's zero page, which
+# flattered the first figures; 5 rounds):
+# - all_gather of blocks up to two pieces: world 4, blocks of 1.5 MiB 0.53x doubling's
+#   time, 2 MiB 0.53x and 1.00x in two runs; 4 MiB 1.01x and 1.56x, 16 MiB 1.97x and
+#   2.0x; world 3, 2 MiB 0.70x the ring's, 16 MiB 1.05x;
+# - all_reduce up to 4 MiB: world 4 1 MiB 0.70x, 4 MiB 0.64x, 8 MiB 1.10x, 16 MiB 1.77x.
 BROADCAST_MIN = 256 << 10
 BROADCAST_MIN_3 = 1 << 20
 BLOCK_MIN = 512 << 10
+BLOCK_ROUNDS_MAX = 2
 ALL_REDUCE_MIN = 1 << 20
+ALL_REDUCE_MAX = 4 << 20
 
 
 def can_run(c, nbytes):
@@ -63,8 +72,9 @@ def list_applies(c, nbytes):
 
 def all_gather_applies(c, nbytes):
     """As broadcast_applies, for an all-gather of nbytes in all whose blocks average
-    BLOCK_MIN or more."""
-    return nbytes >= BLOCK_MIN * c.size and c.slots is not None
+    BLOCK_MIN to BLOCK_ROUNDS_MAX pieces of the slots' room."""
+    s = c.slots
+    return s is not None and BLOCK_MIN * c.size <= nbytes <= BLOCK_ROUNDS_MAX * s.room * c.size
 
 
 def _announce(start, nbytes):
@@ -220,9 +230,10 @@ def broadcast_list(c, bufs, root, before=None, after=None):
 
 def all_reduce_applies(c, nbytes):
     """A power of two of ranks beyond two with slots (halving_doubling's shape), from
-    ALL_REDUCE_MIN bytes."""
+    ALL_REDUCE_MIN to ALL_REDUCE_MAX bytes."""
     n = c.size
-    return nbytes >= ALL_REDUCE_MIN and n & (n - 1) == 0 and c.slots is not None
+    return (ALL_REDUCE_MIN <= nbytes <= ALL_REDUCE_MAX and n & (n - 1) == 0
+            and c.slots is not None)
 
 
 def all_reduce_can_run(c, nbytes):
