@@ -99,6 +99,47 @@ def test_take_spins_for_a_message_not_there_then_declines():
     assert loop.q[TAIL] == 0
 
 
+_PIECES = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_ring_helper import HEAD, HEADER_SIZE, TAIL, Loop, _stamp
+loop = Loop()
+if sys.argv[2] == "part":
+    loop.ring[:HEADER_SIZE] = _stamp().header(16)
+    loop.q[HEAD] = HEADER_SIZE + 8                  # the header and half the payload
+else:
+    loop.put(None, np.zeros(1, np.float32), tag=3)  # a smaller message is first
+print(loop.take(_stamp(), np.zeros(4, np.float32), spin=3600.0), loop.q[TAIL])
+"""
+
+
+@built
+@pytest.mark.parametrize("arrived", ["part", "another"])
+def test_take_does_not_spin_on_a_message_that_comes_in_pieces(arrived):
+    # A message the ring had no room for in one piece is streamed in by the general
+    # path, its head published piece by piece: a take that spun for the whole message
+    # would hold it up for all its spin (here an hour). The spin holds the GIL, which
+    # no test timeout can interrupt, so it runs in a process of its own.
+    proc = subprocess.run([sys.executable, "-c", _PIECES, str(ROOT / "tests"), arrived],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=60)
+    assert proc.stdout.split() == ["-1", "0"], proc.stdout
+
+
+def test_pure_path_does_not_spin_on_a_message_that_comes_in_pieces():
+    # the same for the pure path's spin (transport/shm.py's _recv_inline)
+    from types import SimpleNamespace
+
+    from accord.transport.shm import ShmTransport
+    q = np.zeros(2, np.int64)
+    q[0] = HEADER_SIZE + 8                              # past the tail, short of the message
+    link = SimpleNamespace(fast=None, i_head_i=0, i_tail=0,
+                           _take_whole=lambda dest, kind, stamp, tag: False)
+    t = SimpleNamespace(links={1: link}, q=q, _spin_s=3600.0)
+    assert ShmTransport._recv_inline(t, 1, memoryview(bytearray(16)), _stamp()) is False
+
+
 @built
 def test_put_declines_a_full_ring_and_a_message_that_would_wrap():
     loop = Loop()

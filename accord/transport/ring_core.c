@@ -276,17 +276,21 @@ static PyObject *RingLink_take(RingLink *l, PyObject *const *args, Py_ssize_t na
         goto decline;
     /* a pad and the message after it are published at once (put's rewind), so
      * once `want` is there, a message after a pad is all there too */
-    if (load(&l->q[l->i_head_i]) < want) {
-        if (spin <= 0.0)
+    int64_t head = load(&l->q[l->i_head_i]);
+    if (head < want) {
+        /* bytes past the tail but short of the whole message: it comes in pieces (the
+         * ring had no room for it in one) or another message is first; either way only
+         * the general path takes it, so spinning here would only hold it up */
+        if (spin <= 0.0 || head != tail)
             goto decline;
         double end = now_s() + spin;
         unsigned turns = 0;
-        while (load(&l->q[l->i_head_i]) < want) {
+        while ((head = load(&l->q[l->i_head_i])) == tail) {
             cpu_relax();
             if ((++turns & 63) == 0 && now_s() >= end)
                 break;
         }
-        if (load(&l->q[l->i_head_i]) < want)
+        if (head < want)
             goto decline;
     }
     const unsigned char *h = (const unsigned char *)l->i_ring + pos;
