@@ -40,8 +40,8 @@ from . import as_bytes, even_counts
 # where the slots take two), with inputs written (not calloc's zero page, which
 # flattered the first figures; 5 rounds):
 # - all_gather of blocks up to two pieces: world 4, blocks of 1.5 MiB 0.53x doubling's
-#   time, 2 MiB 0.53x and 1.00x in two runs; 4 MiB 1.01x and 1.56x, 16 MiB 1.97x and
-#   2.0x; world 3, 2 MiB 0.70x the ring's, 16 MiB 1.05x;
+#   time, 2 MiB 0.53x, 1.00x and 1.21x in three runs; 4 MiB 1.01x and 1.66x, 16 MiB
+#   1.97x and 2.01x; world 3, 2 MiB 0.70x the ring's, 16 MiB 1.05x;
 # - all_reduce up to 4 MiB: world 4 1 MiB 0.70x, 4 MiB 0.64x, 8 MiB 1.10x, 16 MiB 1.77x.
 BROADCAST_MIN = 256 << 10
 BROADCAST_MIN_3 = 1 << 20
