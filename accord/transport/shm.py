@@ -670,7 +670,7 @@ class ShmTransport(Reports):
         n, arena = self.size, self._arena
         return _PAGE + n * _RANK_BLOCK + n * (n - 1) * (2 * _PAGE + arena.cap +
                                                          p2p_cap(arena.cap)) + \
-            r * (_PAGE + 2 * arena.room)
+            slots_bytes(r, arena.room)
 
     def setup_peers(self):
         """After every rank has written its block: pids, pidfds, cross-memory checks."""
@@ -756,7 +756,7 @@ class ShmTransport(Reports):
             if self.plane or not room:
                 return None
             from .slots import ShmSlots
-            self._map_in(self.slot_offset(0), self.size * (_PAGE + 2 * room))
+            self._map_in(self.slot_offset(0), slots_bytes(self.size, room))
             self._slots = ShmSlots(self, room)
         return self._slots
 
