@@ -23,26 +23,23 @@ from ..reduceops import ReduceOp, finish_avg, reduce_into
 from . import as_bytes, even_counts
 
 # Where the copies saved outweigh a step that waits for every peer at once, with more
-# ranks than cores (benchmarks/algorithms.py, 300 calls a run, the algorithms in turn,
-# medians of 3; the time against the default's, lower is faster; the figures and the
-# earlier paired runs are in benchmarks/results/small-messages.md):
-# - broadcast from 256 KiB: world 4 0.82x the chain's time, 1 MiB 0.85x; at world 3,
-#   where a chain has one hop fewer to save, from 1 MiB (256 KiB 1.28x and 1.34x in two
-#   runs, 1 MiB 1.23x and 0.88x; 0.51x and 0.40x in paired runs);
+# ranks than cores, and up to where the others copy between memories once (single copy:
+# one copy a byte where the slots take two). benchmarks/algorithms.py, the algorithms in
+# turn, the time against the default's (lower is faster); every run, and the earlier
+# ones whose untouched np.zeros inputs flattered the copies, in
+# benchmarks/results/small-messages.md:
+# - broadcast from 256 KiB: world 4 256 KiB 0.95x the chain's time, 1 MiB 0.59x; at
+#   world 3, where a chain has one hop fewer to save, from 1 MiB (256 KiB 0.93x-1.34x,
+#   1 MiB 0.88x-1.23x in runs; 0.51x and 0.40x in paired runs);
 # - broadcast_list (broadcast_state's buckets) from 256 KiB at any world: the root
 #   packs a buffer while the receivers unpack the one before (world 3, 602 KiB of 30
 #   tensors: 0.29-0.41 ms against the chain's 0.41-0.51);
-# - all_gather of blocks from 512 KiB: world 4 0.85x recursive doubling's time, 1 MiB
-#   blocks 0.54x, 256 KiB 1.39x; world 3 1 MiB 0.70x the ring's, 256 KiB 1.30x;
-# - all_reduce from 1 MiB: world 4 0.97x halving_doubling's time (1 MiB; 512 KiB 1.60x),
-#   4 MiB 0.48x; world 8 1 MiB 0.90x.
-# And up to where the others copy between memories once (single copy, one copy a byte
-# where the slots take two), with inputs written (not calloc's zero page, which
-# flattered the first figures; 5 rounds):
-# - all_gather of blocks up to two pieces: world 4, blocks of 1.5 MiB 0.53x doubling's
-#   time, 2 MiB 0.53x, 1.00x and 1.21x in three runs; 4 MiB 1.01x and 1.66x, 16 MiB
-#   1.97x and 2.01x; world 3, 2 MiB 0.70x the ring's, 16 MiB 1.05x;
-# - all_reduce up to 4 MiB: world 4 1 MiB 0.70x, 4 MiB 0.64x, 8 MiB 1.10x, 16 MiB 1.77x.
+# - all_gather of blocks from 512 KiB to two pieces: world 4 against recursive
+#   doubling, 512 KiB 0.96x, 1 MiB 0.64x, 1.5 MiB 0.53x, 2 MiB 0.53x-1.21x in three
+#   runs, 4 MiB 1.01x and 1.66x, 16 MiB 1.97x and 2.01x; world 3 2 MiB 0.70x the
+#   ring's, 16 MiB 1.05x;
+# - all_reduce from 1 to 4 MiB: world 4 against halving_doubling, 512 KiB 1.60x, 1 MiB
+#   0.70x, 4 MiB 0.64x, 8 MiB 1.10x, 16 MiB 1.77x; world 8 1 MiB 0.90x.
 BROADCAST_MIN = 256 << 10
 BROADCAST_MIN_3 = 1 << 20
 BLOCK_MIN = 512 << 10
