@@ -156,3 +156,41 @@ def _layouts(rank, world):
 def test_contiguous_and_strided_ranks_share_buckets(transport):
     # big broadcast | small broadcasts | big all_reduce, whatever each rank's layout
     assert run_ranks(3, _layouts, env={"ACCORD_TRANSPORT": transport}) == [3, 3, 3]
+
+
+def _sync_block_fails(rank, world):
+    import accord
+    a = np.full(4 + rank, rank, np.float32)         # ranks disagree on the size
+    b = np.full(2, rank, np.float64)
+    with pytest.raises(accord.Desync) as info:
+        with accord.coalescing():
+            accord.all_reduce(a)                     # synchronous: exit runs the block
+            w = accord.all_reduce(b, async_op=True)  # float64: the next bucket
+    assert "ranks disagree" in str(info.value) and "all_reduce" in str(info.value)
+    # the bucket after the failed one is not sent: its Work fails with the same error
+    with pytest.raises(accord.Desync):
+        w.wait()
+    assert (a == rank).all() and (b == rank).all()
+    return type(info.value).__name__
+
+
+def test_failing_bucket_raises_from_the_block_on_every_rank():
+    assert run_ranks(2, _sync_block_fails) == ["Desync", "Desync"]
+
+
+def _after_exit(rank, world):
+    import accord
+    ts = [np.full(3, rank * 10 + i, np.int64) for i in range(5)]
+    with accord.coalescing() as c:
+        for t in ts:
+            accord.broadcast(t, src=1)
+        accord.all_reduce(ts[0])                     # the same tensor again: a new run
+    # a synchronous block is done at exit: its Works are complete
+    assert all(w.is_completed() for w in c.works)
+    return [t.tolist() for t in ts], c.collectives
+
+
+def test_synchronous_block_is_complete_at_exit():
+    # the broadcast bucket, then the all_reduce of ts[0] (10 on both ranks: 20)
+    want = ([[20] * 3] + [[10 + i] * 3 for i in range(1, 5)], 2)
+    assert run_ranks(2, _after_exit) == [want, want]
