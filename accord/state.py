@@ -562,9 +562,13 @@ def _bucket_pieces(bucket, is_root):
     packed into one array, cut in PACKED_PIECE_BYTES pieces, then its large ones in
     PIECE_BYTES pieces, a strided one through a contiguous temporary), and what a
     receiver runs once they are in (unpack, copy the temporaries back)."""
-    small = Bucket(bucket.code)
     pieces, staged = [], []
-    for v in bucket.views:
+    if not bucket.direct and all(v.nbytes < SMALL_BYTES for v in bucket.views):
+        # every tensor packed (a coalescing block's small calls): the bucket as planned
+        small, views = bucket, ()
+    else:
+        small, views = Bucket(bucket.code), bucket.views
+    for v in views:
         # size alone decides packed or in place: another rank may hold this tensor with
         # other strides, and its pieces must line up with ours
         if v.nbytes < SMALL_BYTES:
