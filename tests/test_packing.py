@@ -55,3 +55,27 @@ def test_pack_then_unpack_restores_every_view_in_c_order():
     b.unpack([1, 3])
     assert views[1].tolist() == want[1].tolist() and views[3].tolist() == want[3].tolist()
     assert (views[0] == -1).all() and (views[2] == -1).all()
+
+
+def test_small_tensor_views_are_kept_by_bytes_not_by_count():
+    torch = pytest.importorskip("torch")
+    from accord import buffers
+    from accord._packing import tensor_view
+    # a model's 300 small tensors visited in a loop: every one found on the second pass
+    small = [torch.full((256,), float(i)) for i in range(300)]
+    for t in small:
+        tensor_view(t, "t")
+    assert all(buffers.cached_torch_buf(t) is not None for t in small)
+    assert all(tensor_view(t, "t")[0][0] == i for i, t in enumerate(small))
+    # what is kept stays under the byte bound: 300 tensors of 64 KiB are 18.75 MiB
+    big = [torch.zeros(16 << 10) for _ in range(300)]
+    for t in big:
+        tensor_view(t, "t")
+    kept = sum(e[5].nbytes for e in buffers._TORCH_BUFS.values())
+    assert kept == buffers._cached_bytes <= buffers._CACHE_TOTAL
+    assert buffers.cached_torch_buf(big[-1]) is not None
+    assert buffers.cached_torch_buf(big[0]) is None         # the oldest went first
+    # a tensor resized in place is not taken for its old self
+    t = big[-1]
+    t.resize_(10)
+    assert buffers.cached_torch_buf(t) is None and tensor_view(t, "t")[0].shape == (10,)
