@@ -194,3 +194,20 @@ def test_synchronous_block_is_complete_at_exit():
     # the broadcast bucket, then the all_reduce of ts[0] (10 on both ranks: 20)
     want = ([[20] * 3] + [[10 + i] * 3 for i in range(1, 5)], 2)
     assert run_ranks(2, _after_exit) == [want, want]
+
+
+def _empty_async_in_failing_block(rank, world):
+    import accord
+    a = np.full(4 + rank, rank, np.float32)          # ranks disagree on the size
+    with pytest.raises(accord.Desync):
+        with accord.coalescing():
+            w = accord.all_reduce(np.empty(0, np.float32), async_op=True)   # no bytes
+            accord.all_reduce(a)
+    # the zero-size call's Work is settled too, with the block's error: no wait hangs
+    with pytest.raises(accord.Desync):
+        w.wait(timeout=10)
+    return True
+
+
+def test_zero_size_call_fails_with_the_block():
+    assert run_ranks(2, _empty_async_in_failing_block) == [True, True]
