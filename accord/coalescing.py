@@ -67,6 +67,15 @@ def _current(group):
     return None
 
 
+_OPS_OK = set()         # (op, dtype code) pairs check_op accepted: it depends on nothing else
+
+
+def _check_op(op, view, code, dtype):
+    if (op, code) not in _OPS_OK:
+        check_op(op, _OpCheck(view, code, dtype))
+        _OPS_OK.add((op, code))
+
+
 class _OpCheck:
     """What check_op needs to know about a tensor, without copying it."""
     __slots__ = ("arr", "is_bf16", "dtype_name")
@@ -219,7 +228,7 @@ class coalescing:
         """Queue an all_reduce on the block's group."""
         op = as_reduce_op(op)
         view, code, dtype = tensor_view(tensor, "tensor")
-        check_op(op, _OpCheck(view, code, dtype))
+        _check_op(op, view, code, dtype)
         return self._add("all_reduce", op, tensor, view, code, async_op, "all_reduce")
 
     def reduce(self, tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SUM,
@@ -229,7 +238,7 @@ class coalescing:
         root = root_rank(g, dst, group_dst, "dst")
         op = as_reduce_op(op)
         view, code, dtype = tensor_view(tensor, "tensor")
-        check_op(op, _OpCheck(view, code, dtype))
+        _check_op(op, view, code, dtype)
         return self._add("reduce", (root, op), tensor, view, code, async_op, "reduce")
 
     # -- flushing -------------------------------------------------------------------

@@ -211,3 +211,22 @@ def _empty_async_in_failing_block(rank, world):
 
 def test_zero_size_call_fails_with_the_block():
     assert run_ranks(2, _empty_async_in_failing_block) == [True, True]
+
+
+def _bad_ops(rank, world):
+    import accord
+    f = np.ones(3, np.float32)
+    i = np.ones(3, np.int64)
+    with accord.coalescing() as c:
+        accord.all_reduce(f, op=accord.ReduceOp.AVG)           # accepted: float
+        with pytest.raises(TypeError, match="AVG needs a floating"):
+            accord.all_reduce(i, op=accord.ReduceOp.AVG)       # the same op, an int dtype
+        with pytest.raises(TypeError, match="BAND needs an integer"):
+            accord.reduce(f, dst=0, op=accord.ReduceOp.BAND)
+        accord.all_reduce(i, op=accord.ReduceOp.BAND)          # accepted: int
+    assert c.calls == 2
+    return f.tolist(), i.tolist()
+
+
+def test_bad_op_dtype_pairs_raise_at_the_call_every_time():
+    assert run_ranks(2, _bad_ops) == [([1.0] * 3, [1] * 3)] * 2
