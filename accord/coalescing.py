@@ -282,6 +282,7 @@ class coalescing:
         planned = [(run, b) for run in runs for b in plan_buckets(
             [(p.view, p.code, p) for p in run.items], self.bucket_bytes)]
         try:
+            self.wait()     # what flush() sent earlier may still write tensors packed here
             for run, b in planned:
                 self.works.append(self._issue(g, run, b, False))
                 self.collectives += 1

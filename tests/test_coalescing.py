@@ -230,3 +230,18 @@ def _bad_ops(rank, world):
 
 def test_bad_op_dtype_pairs_raise_at_the_call_every_time():
     assert run_ranks(2, _bad_ops) == [([1.0] * 3, [1] * 3)] * 2
+
+
+def _flushed_by_hand(rank, world):
+    import accord
+    a = np.full(4, rank + 1.0)
+    with accord.coalescing() as c:
+        accord.all_reduce(a, async_op=True)
+        c.flush()                                    # sent now, on the worker thread
+        accord.all_reduce(a)                         # the same tensor, run at exit
+    return a.tolist()
+
+
+def test_exit_waits_for_a_flush_by_hand_before_packing_its_tensors():
+    # (1 + 2) summed twice over two ranks: 6, had the second packed after the first
+    assert run_ranks(2, _flushed_by_hand) == [[6.0] * 4] * 2
