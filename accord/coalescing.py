@@ -146,6 +146,7 @@ class coalescing:
         self.timeout = timeout
         self.works = []
         self._flushed = []        # the futures of every flushed call: done once unpacked
+        self._touched = set()     # the (address, size) of every tensor flushed so far
         self._runs = []
         self._must_wait = False
         self._open = False
@@ -245,28 +246,32 @@ class coalescing:
     def flush(self) -> list:
         """Send everything queued so far (exit does this); returns the new Works."""
         g, runs, self._runs = self.group, self._runs, []
-        new, touched, futures = [], set(), []
-        for run in runs:
-            if run.ptrs & touched:
-                # a tensor of an earlier run again: its result must land before we pack
-                for f in futures:
-                    Work(f, "coalesced call").wait()
-            touched |= run.ptrs
-            for p in run.items:
-                if p.future is None:
-                    p.future = _new_future()
-                futures.append(p.future)
-            items = [(p.view, p.code, p) for p in run.items]
-            for b in plan_buckets(items, self.bucket_bytes):
-                new.append(self._issue(g, run, b))
+        new, touched = [], self._touched
+        try:
+            for run in runs:
+                if run.ptrs & touched:
+                    # a tensor sent before (by this flush or an earlier one) again: its
+                    # result must land before we pack
+                    self.wait()
+                touched |= run.ptrs
+                for p in run.items:
+                    if p.future is None:
+                        p.future = _new_future()
+                    self._flushed.append(p.future)
+                items = [(p.view, p.code, p) for p in run.items]
+                for b in plan_buckets(items, self.bucket_bytes):
+                    new.append(self._issue(g, run, b))
+        except BaseException as exc:
+            _settle_all(runs, exc)      # what was not sent fails with it
+            raise
+        finally:
+            self.works.extend(new)
+            self.collectives += len(new)
         # zero-size tensors need no bytes: done at once
         for run in runs:
             for p in run.items:
                 if p.view.size == 0 and not p.future.done():
                     p.future.set_result(None)
-        self.works.extend(new)
-        self._flushed.extend(futures)
-        self.collectives += len(new)
         return new
 
     def _run_queued(self):

@@ -245,3 +245,18 @@ def _flushed_by_hand(rank, world):
 def test_exit_waits_for_a_flush_by_hand_before_packing_its_tensors():
     # (1 + 2) summed twice over two ranks: 6, had the second packed after the first
     assert run_ranks(2, _flushed_by_hand) == [[6.0] * 4] * 2
+
+
+def _flushed_twice(rank, world):
+    import accord
+    a = np.full(4, rank + 1.0)
+    with accord.coalescing() as c:
+        accord.all_reduce(a, async_op=True)
+        c.flush()
+        w = accord.all_reduce(a, async_op=True)      # the same tensor, flushed at exit
+    w.wait()
+    return a.tolist()
+
+
+def test_a_second_flush_waits_for_the_first_before_packing_its_tensors():
+    assert run_ranks(2, _flushed_twice) == [[6.0] * 4] * 2
