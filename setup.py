@@ -1,11 +1,17 @@
 """Everything about the package is in pyproject.toml; this file only declares the
-optional C helper of the shared-memory ring (accord/transport/ring_core.c).
+optional C helpers: the shared-memory ring's (accord/transport/ring_core.c) and
+large local copies' (accord/copy_core.c).
 
-`optional=True`: where it cannot be compiled (no C compiler, no Python headers)
+`optional=True`: where one cannot be compiled (no C compiler, no Python headers)
 setuptools warns and installs the package without it, and accord runs its
-pure-Python path (accord/transport/ring_helper.py chooses at import).
+pure-Python path (accord/transport/ring_helper.py and accord/localcopy.py choose
+at import).
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("accord.transport.ring_core", ["accord/transport/ring_core.c"],
-                             optional=True, extra_compile_args=["-O2"])])
+setup(ext_modules=[
+    Extension("accord.transport.ring_core", ["accord/transport/ring_core.c"],
+              optional=True, extra_compile_args=["-O2"]),
+    Extension("accord.copy_core", ["accord/copy_core.c"],
+              optional=True, extra_compile_args=["-O2"]),
+])

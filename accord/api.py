@@ -17,6 +17,7 @@ from .args import (buf_list, check_len, optional_list, root_rank, same_dtype, sa
                    split_counts)
 from .buffers import already_in_place, as_buf, message_view
 from .group import ProcessGroup
+from .localcopy import copy_into
 from .options import to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op
 from .work import Work, completed_work
@@ -68,7 +69,7 @@ def _all_gather_blocks(g, opname, blocks, mine, outs, async_op, timeout, call):
         # an input that is this rank's block of the output (all_gather_into_tensor in
         # place, as sharded training does) is already where it belongs
         if not in_place:
-            np.copyto(mine_block, mine.arr, casting="no")
+            copy_into(mine_block, mine.arr)
 
     if g.hier is not None and hierarchy.phased(g, "all_gather", total):
         run = g.hier.all_gather(blocks, mine, own)
@@ -226,7 +227,7 @@ def gather(tensor: Tensor, gather_list: Optional[Sequence[Tensor]] = None,
 
     def body(c):
         if outs is not None:
-            np.copyto(outs[root].arr, mine.arr, casting="no")
+            copy_into(outs[root].arr, mine.arr)
         if c is not None:
             rooted.gather(c, mine.arr, outs and [o.arr for o in outs], root)
         if outs is not None:
@@ -286,7 +287,7 @@ def scatter(tensor: Tensor, scatter_list: Optional[Sequence[Tensor]] = None,
         own = None
         if ins is not None:
             def own():
-                np.copyto(mine.arr, ins[root].arr, casting="no")
+                copy_into(mine.arr, ins[root].arr)
         if c is not None:
             # the root copies its own block while the peers take theirs (shared memory)
             rooted.scatter(c, mine.arr, ins and [b.arr for b in ins], root, own)
@@ -359,11 +360,11 @@ def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, t
         if hier:
             # in phases; the result arrives averaged where op is AVG
             g.hier.reduce_scatter(work, blocks, out, op)(c)
-            np.copyto(out.arr, blocks[g.rank], casting="no")
+            copy_into(out.arr, blocks[g.rank])
             out.finish()
             return
         plans.reduce_scatter_moves(c, g, blocks, op, out.is_bf16)
-        np.copyto(out.arr, blocks[g.rank], casting="no")
+        copy_into(out.arr, blocks[g.rank])
         out.finish()
     return plans.run(g, "reduce_scatter", body, async_op, timeout,
                      plans.stamp(out, -1, op, total_bytes), call)
@@ -466,7 +467,7 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp
 
 def _all_to_all_blocks(g, ref, outs, out_blocks, in_blocks, async_op, timeout, call):
     def body(c):
-        np.copyto(out_blocks[g.rank], in_blocks[g.rank], casting="no")
+        copy_into(out_blocks[g.rank], in_blocks[g.rank])
         if c is not None:
             rooted.all_to_all(c, out_blocks, in_blocks)
         _finish(*outs)

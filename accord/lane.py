@@ -28,6 +28,7 @@ from .buffers import already_in_place, as_buf, is_torch_tensor, sendable
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, RUNNING, STATE, T_END, T_START
+from .localcopy import copy_into
 from .plans import reduce_scatter_moves
 from .reduceops import ReduceOp, check_op
 from .transport.wire import NO_DTYPE, OP_CODES, Stamp
@@ -265,7 +266,7 @@ def _all_gather(c, g, blocks, mine):
 
     def own():
         if not in_place:
-            block[...] = mine
+            copy_into(block, mine)
     entry("all_gather", mine.nbytes * c.size, c, g.options.algorithms).fn(c, blocks, mine, own)
 
 
@@ -282,7 +283,7 @@ def _scatter(c, g, mine, shards):
     own = None
     if blocks is not None:
         def own():
-            mine[...] = blocks[root]
+            copy_into(mine, blocks[root])
     rooted.scatter(c, mine, blocks, root, own)
 
 

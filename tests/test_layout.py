@@ -28,11 +28,18 @@ def _modules():
 
 
 MODULES = _modules()
+# the optional C helpers (setup.py builds accord/transport/ring_core.c into
+# accord.transport.ring_core, ...): modules of their own that import nothing of accord's
+EXTENSIONS = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)
+              for p in PACKAGE.rglob("*.c")}
 
 
 def _owner(name):
-    """The accord module a dotted name lives in (accord.api.broadcast -> accord.api)."""
+    """The accord module a dotted name lives in (accord.api.broadcast -> accord.api);
+    None for a compiled helper's (a leaf: it imports nothing of accord's)."""
     while name not in MODULES and "." in name:
+        if name in EXTENSIONS:
+            return None
         name = name.rsplit(".", 1)[0]
     return name if name in MODULES else None
 
