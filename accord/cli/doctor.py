@@ -364,6 +364,13 @@ def check_kernel(r):
         "C helper compiled, off (ACCORD_RING_HELPER=0): pure-Python path" if ring_helper.built()
         else "pure-Python path (the optional C helper was not built: no C compiler when "
              "accord was installed; reinstall with one to build it)"))
+    from accord import localcopy
+    mib = localcopy.STREAM_MIN >> 20
+    r.line("INFO", "large local copies: " + (
+        f"streamed by the C helper from {mib} MiB" if localcopy.streaming() else
+        "numpy's copy (C helper compiled, off: ACCORD_COPY_HELPER=0)" if localcopy.built()
+        else "numpy's copy (the optional C helper was not built: no C compiler when accord "
+             "was installed)"))
     accord_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith("ACCORD_")}
     if accord_vars:
         r.line("INFO", "settings: " + ", ".join(f"{k}={v}" for k, v in accord_vars.items()))
