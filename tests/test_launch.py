@@ -386,6 +386,27 @@ def test_cli_help_and_errors(tmp_path):
     assert status == 2 and "--master-port is required" in output
 
 
+def test_an_interpreter_or_program_in_place_of_the_script_is_named_at_once(tmp_path):
+    # mpirun's habit: `accord run -n 2 python train.py` (the interpreter's binary would
+    # otherwise be read as Python source on every rank: a SyntaxError about null bytes)
+    train = script(tmp_path, "train.py", "print('ran')\n")
+    status, output, took = accord("run", "-n", 2, sys.executable, train)
+    assert status == 2, output
+    assert f"{sys.executable} is a Python interpreter, not a Python script" in output
+    assert "name the script, as in `accord run -n 2 train.py`" in output
+    assert "[rank" not in output                          # no rank was started
+    status, output, _ = accord("run", "-n", 2, "python3", train, cwd=tmp_path)
+    assert status == 2 and "'python3' is a Python interpreter, not a script" in output
+    status, output, _ = accord("run", "-n", 2, "/bin/true")
+    assert status == 2 and "/bin/true is a compiled program, not a Python script" in output
+    # a script, a compiled .pyc or a zip application still run
+    pyc = tmp_path / "train.pyc"
+    import py_compile
+    py_compile.compile(str(train), cfile=str(pyc))
+    status, output, _ = accord("run", "-n", 2, pyc)
+    assert status == 0 and output.count("] ran\n") == 2, output
+
+
 def test_cli_main_in_process(capsys):
     from accord import cli
     assert cli.main(["--help"]) == 0

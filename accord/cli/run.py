@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -111,8 +112,38 @@ class LaunchConfig:
             raise ValueError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if not self.grace >= 0:
             raise ValueError(f"--grace must be >= 0 seconds, got {self.grace}")
-        if not self.module and not os.path.isfile(self.target):
-            raise ValueError(f"no such script: {self.target}")
+        if not self.module:
+            _check_script(self.target)
+
+
+_INTERPRETER = re.compile(r"python[0-9.]*")
+
+
+def _check_script(target):
+    """A script file every rank can run with the launcher's Python: not missing, and not
+    a program (mpirun's habit, `accord run -n 2 python train.py`, would otherwise
+    hand the interpreter's binary to Python as source and fail on every rank with a
+    SyntaxError about null bytes)."""
+    hint = (f"accord run starts every rank with its own Python ({sys.executable}): "
+            f"name the script, as in `accord run -n 2 train.py`")
+    if not os.path.isfile(target):
+        if _INTERPRETER.fullmatch(os.path.basename(target)):
+            raise ValueError(f"{target!r} is a Python interpreter, not a script: {hint}")
+        raise ValueError(f"no such script: {target}")
+    try:
+        with open(target, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise ValueError(f"cannot read the script {target}: {exc}") from None
+    # an executable binary (ELF, Mach-O); a .pyc or a zip application stays a script
+    if head == b"\x7fELF" or head in _MACH_O:
+        what = ("a Python interpreter" if _INTERPRETER.fullmatch(os.path.basename(target))
+                else "a compiled program")
+        raise ValueError(f"{target} is {what}, not a Python script: {hint}")
+
+
+_MACH_O = {b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe",
+           b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe"}
 
 
 def add_arguments(parser):
