@@ -35,6 +35,7 @@ either path in the same call.
 from __future__ import annotations
 
 import ctypes
+from collections import OrderedDict
 import operator
 import os
 import struct
@@ -46,6 +47,9 @@ import numpy as np
 from ._packing import plan_buckets
 from .buffers import BF16_CODE, is_torch_tensor
 
+# the dicts remembered: a plain dict, or the OrderedDict nn.Module.state_dict() returns
+# (a subclass of either may change what iterating it means)
+FLAT_TYPES = (dict, OrderedDict)
 # (id(dict), id(group), bucket bytes, is_root) -> _Entry. Per group: an entry's packed
 # buffers are written during its group's call, and a group runs one call at a time
 _ENTRIES = {}
@@ -192,11 +196,12 @@ def tokens(table, row, at):
     return words if all(t for t, _ in words) else None
 
 
-def lookup(g, tree, bucket_bytes, is_root):
+def lookup(g, tree, bucket_bytes, is_root, owner=None):
     """(entry, values) for a dict seen before on group g and unchanged, or (None, None);
     is_root: whether this rank sends (a receiver's entry was made where its arrays are
-    writable)."""
-    e = _ENTRIES.get((id(tree), id(g), bucket_bytes, is_root))
+    writable); owner: what the entry is kept under, when not the dict itself (a module,
+    whose state_dict is a new dict every call: its tensors are checked all the same)."""
+    e = _ENTRIES.get((id(tree if owner is None else owner), id(g), bucket_bytes, is_root))
     if e is None:
         return None, None
     vals = list(tree.values())
@@ -206,14 +211,14 @@ def lookup(g, tree, bucket_bytes, is_root):
 
 
 def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of,
-             packed_pieces_of):
+             packed_pieces_of, owner=None):
     """Keep an entry for tree (a dict) if it is flat and every leaf a contiguous CPU tensor
     or array; leaves: the general path's, in its order. small_bytes, pieces_of(nbytes,
     itemsize) (a large tensor's pieces) and packed_pieces_of (the packed array's) are the
-    general path's layout rules, so both paths cut alike."""
-    if type(tree) is not dict or len(leaves) != len(tree) or not leaves:
+    general path's layout rules, so both paths cut alike. owner: as lookup's."""
+    if type(tree) not in FLAT_TYPES or len(leaves) != len(tree) or not leaves:
         return None
-    key = (id(tree), id(g), bucket_bytes, is_root)
+    key = (id(tree if owner is None else owner), id(g), bucket_bytes, is_root)
     vals = list(tree.values())
     seen = _SEEN.get(key)
     if seen is None or seen() is not vals[0]:

@@ -441,12 +441,18 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     root = root_rank(g, src, group_src, "src")
     bucket_bytes = check_bucket_bytes(bucket_bytes)
     is_root = g.rank == root
-    if type(obj) is dict and not async_op and g.size > 1:
+    module = obj if _is_module(obj) else None
+    # a module's own parameters and buffers (keep_vars: the same tensor objects every
+    # call, where state_dict() makes new ones), so that a module synced again is
+    # remembered as a dict is (flat_state.py); the bytes are the same either way
+    tree = module.state_dict(keep_vars=True) if module is not None else obj
+    if type(tree) in flat_state.FLAT_TYPES and not async_op and g.size > 1:
         # the same dict of the same tensors as last time (flat_state.py)
-        e, vals = flat_state.lookup(g, obj, bucket_bytes, is_root)
+        e, vals = flat_state.lookup(g, tree, bucket_bytes, is_root, obj)
         if e is not None:
             _, moved = _agree(g, root, e.digest, bucket_bytes, False, timeout,
-                              lambda: _explain(flatten(obj, writable=not is_root), bucket_bytes),
+                              lambda: _explain(flatten(tree, writable=not is_root),
+                                               bucket_bytes),
                               e, lambda c, verdict: _move_all(c, root, e, verdict,
                                                               g.options.algorithms),
                               lambda: e.stream()[:2] + (None,))
@@ -456,8 +462,6 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
                 for b in e.buckets:
                     _broadcast_flat(g, root, b, timeout)
             return obj
-    module = obj if _is_module(obj) else None
-    tree = module.state_dict() if module is not None else obj
     leaves, sig = flatten(tree, writable=not is_root)
     if g.size == 1:
         return completed_work("broadcast_state") if async_op else obj
@@ -469,9 +473,8 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     _, moved = _agree(g, root, digest, bucket_bytes, any(l.error for l in leaves), timeout,
                       lambda: _explain((leaves, sig), bucket_bytes),
                       into=lambda: _receive_into(buckets()))
-    if module is None:
-        flat_state.remember(g, obj, bucket_bytes, is_root, leaves, digest, SMALL_BYTES,
-                            _cuts, lambda n, size: _cuts(n, size, PACKED_PIECE_BYTES))
+    flat_state.remember(g, tree, bucket_bytes, is_root, leaves, digest, SMALL_BYTES,
+                        _cuts, lambda n, size: _cuts(n, size, PACKED_PIECE_BYTES), obj)
     if moved:
         # the root sent its pieces with its row, and this rank took them into its tensors
         # (a root never does that from here, nor with object leaves: see _goes_ahead)

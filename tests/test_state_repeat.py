@@ -342,3 +342,55 @@ def test_a_root_that_sent_its_pieces_with_its_row_writes_nothing_on_a_mismatch(w
                 if change == "shape" else
                 f"rank {last}: bucket_bytes=4096, src rank 0: bucket_bytes=26214400")
         assert msg is not None and "(no tensor was written)" in msg and want in msg, msg
+
+
+def _module_repeat(rank, world):
+    import collections
+
+    import torch
+
+    import accord
+    torch.manual_seed(rank)                           # every rank starts different
+    model = torch.nn.Sequential(torch.nn.Linear(6, 40), torch.nn.LayerNorm(40),
+                                torch.nn.Linear(40, 3))
+    model[1].register_buffer("steps", torch.zeros(2, dtype=torch.int64))
+    sd = model.state_dict()                           # an OrderedDict, as torch makes it
+    assert type(sd) is collections.OrderedDict
+    took, out = [], []
+    for step in range(5):
+        if rank == 0:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+                model[1].steps += 1
+        if step == 3:
+            # a parameter replaced: the module's remembered tensors are not its own any more
+            model[2].weight = torch.nn.Parameter(torch.full((3, 40), -7.0))
+        before = _entries()
+        accord.broadcast_state(model, src=0)
+        took.append(_entries() - before)
+        out.append({k: v.detach().numpy().copy() for k, v in model.state_dict().items()})
+    # the state_dict OrderedDict synced again takes the short path too
+    for step in range(3):
+        before = _entries()
+        accord.broadcast_state(sd, src=0)
+        took.append(_entries() - before)
+    assert model[0].weight.requires_grad and model[0].weight.grad is None
+    return took, out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_module_and_its_state_dict_synced_again_are_remembered_and_stay_right(world):
+    # the module is remembered on its second sync; a replaced parameter fails the
+    # entry's check, and the general path makes it anew under the same module (so the
+    # count stays); its OrderedDict state_dict is remembered on its second sync
+    pytest.importorskip("torch")
+    res = run_ranks(world, _module_repeat)
+    for rank, (took, out) in enumerate(res):
+        assert took == [0, 1, 0, 0, 0, 0, 1, 0], (rank, took)
+        for step in range(5):
+            for k, v in res[0][1][step].items():
+                np.testing.assert_array_equal(out[step][k], v,
+                                              err_msg=f"{k} at step {step} on rank {rank}")
+    assert (res[0][1][4]["1.steps"] == 5).all()
+    assert (res[0][1][4]["2.weight"] == -6.0).all()      # replaced at step 3 (-7), +1 at step 4
