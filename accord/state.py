@@ -29,7 +29,8 @@ How it goes, on every rank of the group:
    the root writes into it from the back), a small one goes down the binomial
    tree, and the rest along the chain (algorithms/table.py).
 
-A plain dict synced again, holding the same contiguous tensors unchanged, skips
+A dict or OrderedDict synced again, or a module (its parameters and buffers, the
+same objects every call), holding the same contiguous tensors unchanged, skips
 step 1 and the layout planning: flat_state.py remembers them (weakly) and moves
 the bytes by address, with the same buckets, pieces and stamps, so ranks may take
 either path in one call. Step 2 runs on every call. Where every rank has such an
