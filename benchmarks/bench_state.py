@@ -7,11 +7,12 @@ A state dict of 100 float32 tensors, about 50 MiB in all (sizes from 4 KiB to
 about 10 MiB (sizes from 0.5 KiB to 128 KiB: where per-call costs dominate):
 
 - accord.broadcast_state(sd)                 (dtype buckets of 25 MiB)
+- accord.broadcast_state(module)             (the same tensors as a module's buffers)
 - for t in sd.values(): accord.broadcast(t)   (the naive loop, on accord)
 - the same loop inside `with accord.coalescing():`
 - for t in sd.values(): torch.distributed.broadcast(t)   (torch's gloo backend)
 
-All four run in the same processes, interleaved (each round starting one method later), each timed `--repeat` times
+All of them run in the same processes, interleaved (each round starting one method later), each timed `--repeat` times
 after two warm-up rounds; a round's time is the slowest rank's (barrier
 before, max over ranks after) for --calls back-to-back calls, divided by
 --calls; the table shows the median. Each world size is one `accord run -n N`
@@ -106,6 +107,15 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
     def state():
         accord.broadcast_state(sd, src=0)
 
+    # the same tensors as a module's buffers: what broadcast_state(model) costs beyond the
+    # dict (the module's state_dict, taken every call)
+    module = torch.nn.Module()
+    for i, t in enumerate(sd.values()):
+        module.register_buffer(f"t{i}", t)
+
+    def state_module():
+        accord.broadcast_state(module, src=0)
+
     def loop():
         for t in sd.values():
             accord.broadcast(t, src=0)
@@ -130,6 +140,7 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
             raise AssertionError(f"{name}: rank {rank}: the flat tensor differs from rank 0's")
 
     methods = [("accord.broadcast_state(sd)", state),
+               ("accord.broadcast_state(module)", state_module),
                ("accord.broadcast loop", loop),
                ("accord.broadcast loop in coalescing()", coalesced),
                ("one accord.broadcast of the same bytes", one),
