@@ -394,3 +394,43 @@ def test_a_module_and_its_state_dict_synced_again_are_remembered_and_stay_right(
                                               err_msg=f"{k} at step {step} on rank {rank}")
     assert (res[0][1][4]["1.steps"] == 5).all()
     assert (res[0][1][4]["2.weight"] == -6.0).all()      # replaced at step 3 (-7), +1 at step 4
+
+
+def _module_with_extra_state(rank, world):
+    import torch
+
+    import accord
+
+    class Scaled(torch.nn.Linear):
+        def __init__(self):
+            super().__init__(4, 2)
+            self.tag = f"rank{rank}"
+
+        def get_extra_state(self):
+            return {"tag": self.tag}
+
+        def set_extra_state(self, state):
+            self.tag = state["tag"]
+
+    torch.manual_seed(rank)
+    m = torch.nn.Sequential(Scaled(), torch.nn.ReLU())
+    out = []
+    for step in range(3):
+        if rank == 0:
+            with torch.no_grad():
+                m[0].weight.add_(1.0)
+            m[0].tag = f"step{step}"
+        accord.broadcast_state(m, src=0)
+        out.append((m[0].tag, m[0].weight.detach().numpy().copy(), m[0].weight.requires_grad))
+    return out
+
+
+def test_a_module_with_extra_state_gets_its_object_and_its_tensors_every_time():
+    # an object leaf (the extra state) keeps a module on the general path: its tensors
+    # are written in place and the object set through load_state_dict, every sync
+    pytest.importorskip("torch")
+    res = run_ranks(2, _module_with_extra_state)
+    for step in range(3):
+        assert res[1][step][0] == f"step{step}"
+        np.testing.assert_array_equal(res[1][step][1], res[0][step][1])
+        assert res[1][step][2]
