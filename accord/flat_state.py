@@ -138,7 +138,7 @@ class _Entry:
     # 0, new for every entry) and the address of `table`, its (address, length) rows,
     # from which a peer reads where this rank's tensors are (once per token)
     __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes", "table",
-                 "word", "rows", "remote", "_stream")
+                 "word", "rows", "remote", "_stream", "views")
 
     def stream(self):
         """(pieces, copier, layout): every bucket's pieces in order, one hook packing
@@ -153,6 +153,23 @@ class _Entry:
             layout = np.array([len(p) for p in pieces], np.uint64).tobytes()
             self._stream = (pieces, piece_copier(segments), layout)
         return self._stream
+
+    def gather(self, mem, at):
+        """Copy every tensor, in stream order (each bucket's packed small tensors, then
+        its large ones: the bytes its pieces carry, back to back), into mem from byte
+        `at` on: the root's side of a stream written once into its shared slot, with
+        no packed buffer between (broadcast_state's _send_ahead)."""
+        for v in self.views:
+            n = len(v)
+            mem[at:at + n] = v
+            at += n
+
+    def scatter(self, mem, at):
+        """gather's other side: the stream's bytes in mem from `at` on into the tensors."""
+        for v in self.views:
+            n = len(v)
+            v[:] = mem[at:at + n]
+            at += n
 
     def valid_for(self, tree, vals):
         """Whether tree still holds exactly the tensors this entry describes."""
@@ -262,6 +279,7 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
     e.remote = {}
     e._stream = None
     e.rows = []
+    e.views = []
     table = []
     e.buckets = []
     e.packed_bytes = sum(v.nbytes for v in vals if v.nbytes < small_bytes)
@@ -304,6 +322,8 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
                                            (tensor_view, packed_view))
                     off = stop
         out.pieces += large
+        e.views += [w[a:a + n] for a, n in small]
+        e.views += large
         out.total = b.nbytes
         e.buckets.append(out)
     e.table = np.array(table, np.uint64).reshape(-1, 2)

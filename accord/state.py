@@ -50,7 +50,10 @@ agreement before it sends: its pieces follow its row in the same step, and each
 receiver takes them once it holds every row, into its tensors where the structures
 agree, into scratch where they do not (so nothing is written and the links stay
 clean). A small sync then costs the agreement's one round, not a second one in
-which the receivers wait again for the root.
+which the receivers wait again for the root. Beyond two ranks over shared memory
+the root writes them once, straight from its tensors, into its shared slot
+(transport/slots.py), and each receiver copies them from there straight into its
+own tensors, or leaves them unread where the structures differ.
 """
 from __future__ import annotations
 
@@ -204,11 +207,14 @@ _HAS = _KEY + 16         # its flat_state entry's address word (or zeros), then 
 _AHEAD_N = _HAS + 1      # where it has an entry, or (the root) _AHEAD; with _AHEAD, how
 _ROW = _AHEAD_N + 4      # many pieces follow the row (u32)
 _NO_ADDRESS = bytes(16)
-_ENTRY, _AHEAD = 1, 2
+_ENTRY, _AHEAD, _SLOTTED = 1, 2, 3
 # a root holding an entry sends its pieces right behind its row when they come to less
 # than this (and single copy would not take them): see _goes_ahead
 AHEAD_MAX = SEGMENTS_MIN_WIDE
 AHEAD_PIECES = 64
+# ... through the root's shared slot where it has one (False: on every receiver's ring;
+# benchmarks/bench_ahead.py times the two in turn)
+AHEAD_SLOT = True
 
 
 def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, then=None,
@@ -265,7 +271,10 @@ def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, 
                 return
             choose("all_gather", total, c, forced)(c, blocks, row[0], own)
             v = verdict[0] = _verdict(table, root, g.size)
-            if table[root * _ROW + _HAS] == _AHEAD:
+            how = table[root * _ROW + _HAS]
+            if how == _SLOTTED:
+                moved[0] = _take_slotted(c, root, table, into if v[0] else None, entry)
+            elif how == _AHEAD:
                 moved[0] = _take_ahead(c, root, table, into if v[0] else None)
             elif then is not None and v[0]:
                 moved[0] = then(c, v)
@@ -317,12 +326,33 @@ def _goes_ahead(c, e, forced):
 
 def _send_ahead(c, e, head, blocks):
     """The root's side of an agreement it sends its pieces with: its row, the pieces'
-    sizes, then the pieces, to every receiver, in one step with reading their rows."""
+    sizes, then the pieces, to every receiver, in one step with reading their rows.
+
+    Where the group has shared slots (shared memory beyond two ranks) and the sizes
+    and the pieces fit in one piece of the root's slot, they are written there once,
+    straight from the tensors, and the row is followed by the slot position alone
+    (_SLOTTED): each receiver copies its tensors straight out of it, where the
+    rings would take a packed copy, then one copy per receiver into its ring, then
+    one out of it and an unpacked one on every receiver (world 3 on 2 cores, 10
+    tensors of 238 KiB in all: benchmarks/results/small-messages.md)."""
     pieces, pack, layout = e.stream()
+    peers = [p for p in range(c.size) if p != c.rank]
+    s = c.slots
+    nbytes = len(layout) + sum(b.total for b in e.buckets)
+    if AHEAD_SLOT and s is not None and nbytes <= s.room:
+        at, mem = c.claim(peers, nbytes)
+        mem[:len(layout)] = layout
+        e.gather(mem, len(layout))
+        del mem
+        row = head + bytes([_SLOTTED]) + struct.pack("<I", len(pieces))
+        blocks[c.rank][:] = row
+        where = struct.pack("<qq", at, nbytes)
+        c.exchange(sends=[(p, row) for p in peers] + [(p, where) for p in peers],
+                   recvs=[(p, blocks[p]) for p in peers])
+        return
     row = head + bytes([_AHEAD]) + struct.pack("<I", len(pieces))
     for i in range(len(pieces)):
         pack(i)
-    peers = [p for p in range(c.size) if p != c.rank]
     blocks[c.rank][:] = row
     sends = [(p, row) for p in peers] + [(p, layout) for p in peers] + \
         [(p, piece) for piece in pieces for p in peers]
@@ -356,6 +386,55 @@ def _take_ahead(c, root, table, into):
         raise Desync(f"broadcast_state: src rank's pieces ({len(sizes)}) do not match this "
                      f"rank's layout for the same structure")
     return False
+
+
+def _take_slotted(c, root, table, into, entry):
+    """A receiver's side of _send_ahead through the root's slot: the position of the
+    piece holding the pieces' sizes and then their bytes; copied into this rank's
+    tensors (straight, with its flat_state entry; else into()'s pieces, then its
+    finish()) where the structures agree (into is not None), else left unread.
+    The piece is released either way; whether this rank's state was written."""
+    n = struct.unpack_from("<I", table, root * _ROW + _AHEAD_N)[0]
+    where = bytearray(16)
+    c.recv(root, where)
+    at, nbytes = struct.unpack("<qq", where)
+    s = c.slots
+    if nbytes < 8 * n:
+        raise s.disagree(f"{s.peer_desc(root)} put {nbytes} bytes in its shared slot for "
+                         f"broadcast_state's {n} pieces")
+    mem = s.piece(root, at, nbytes)
+    try:
+        if into is None:
+            return False
+        if entry is not None:
+            _, _, layout = entry.stream()
+            if len(layout) == 8 * n and mem[:8 * n] == layout and \
+                    nbytes == 8 * n + sum(b.total for b in entry.buckets):
+                entry.scatter(mem, 8 * n)
+                return True
+            sizes = np.frombuffer(mem[:8 * n], np.uint64).tolist()
+            pieces = ()
+        else:
+            sizes = np.frombuffer(mem[:8 * n], np.uint64).tolist()
+            pieces, after, finish = into()
+        if [len(memoryview(p).cast("B")) for p in pieces] != sizes or \
+                8 * n + sum(sizes) != nbytes:
+            # equal digests and bucket sizes cut equal pieces; anything else is a bug
+            raise Desync(f"broadcast_state: src rank's pieces ({len(sizes)}) do not match "
+                         f"this rank's layout for the same structure")
+        off = 8 * n
+        for i, p in enumerate(pieces):
+            v = memoryview(p).cast("B")
+            v[:] = mem[off:off + len(v)]
+            off += len(v)
+            if after is not None:
+                after(i)
+        if finish is not None:
+            finish()
+        return True
+    finally:
+        del mem
+        s.release(root, at, nbytes)
 
 
 def _agreed(table, root, size):

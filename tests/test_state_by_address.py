@@ -21,7 +21,7 @@ class _paths:
     adds none of them."""
 
     _SPIED = {"copy_segments": "address", "_stream_bucket": "ring",
-              "_send_ahead": "ahead", "_take_ahead": "ahead"}
+              "_send_ahead": "ahead", "_take_ahead": "ahead", "_take_slotted": "ahead"}
 
     def __enter__(self):
         from accord import state
@@ -271,3 +271,37 @@ def test_a_rank_that_dies_as_the_root_sends_ahead_is_reported_not_waited_for(vic
             kind, (name, msg, took) = out[r]
             assert kind == "ok" and name == "PeerLost" and f"rank {victim}" in msg, out[r]
             assert took < 10, out[r]
+
+
+def _ahead_how(rank, world):
+    """Which receiving side each repeated call of a small state took on this rank."""
+    from accord import state
+    names = ("_take_ahead", "_take_slotted")
+    saved = {name: getattr(state, name) for name in names}
+    took = []
+
+    def spy(name, fn):
+        def spied(*args):
+            took.append(name)
+            return fn(*args)
+        return spied
+    for name, fn in saved.items():
+        setattr(state, name, spy(name, fn))
+    try:
+        small = _state()
+        for step in range(4):
+            _sync(small, rank, step)
+    finally:
+        for name, fn in saved.items():
+            setattr(state, name, fn)
+    return took
+
+
+@pytest.mark.parametrize("env,want", [({}, "_take_slotted"),
+                                      ({"ACCORD_SHM_ARENA": "1M"}, "_take_ahead")],
+                         ids=["slots", "arena-without-slots"])
+def test_beyond_two_ranks_the_roots_pieces_go_through_its_slot_where_it_has_one(env, want):
+    # calls 3 and 4 (the first two learn the dict): written once into the root's shared
+    # slot and copied out by each receiver, or, where the arena has no slots, sent on
+    # every receiver's ring; either way every receiver ends with the root's bytes
+    assert run_ranks(3, _ahead_how, env=env) == [[], [want] * 2, [want] * 2]

@@ -326,10 +326,11 @@ def _ahead_then_mismatch(rank, world, change, n):
 
 @pytest.mark.parametrize("world,n,env", [
     (2, 10, {"ACCORD_TRANSPORT": "tcp"}),       # shared memory copies by address at 2
-    (3, 10, {}),
+    (3, 10, {}),                                # through the root's shared slot
+    (3, 10, {"ACCORD_SHM_ARENA": "1M"}),        # ... on the rings (no slots in the arena)
     (4, 10, {}),
     (3, 17, {"ACCORD_SHM_CMA": "64K"}),         # the large pieces read out of the root
-], ids=["2-tcp", "3", "4", "3-single-copy"])
+], ids=["2-tcp", "3", "3-no-slots", "4", "3-single-copy"])
 @pytest.mark.parametrize("change", ["shape", "bucket_bytes"])
 def test_a_root_that_sent_its_pieces_with_its_row_writes_nothing_on_a_mismatch(world, n, env,
                                                                                change):

@@ -1,0 +1,143 @@
+"""A small state synced again beyond two ranks: the root's pieces through its shared
+slot (written once, copied out by each receiver) against on every receiver's ring.
+
+    .venv/bin/python benchmarks/bench_ahead.py [-n 3,4] [--tensors 10,30] [--rounds 9]
+                                               [--calls 100] [--out FILE]
+
+A dict of float32 torch tensors of 128 B to 128 KiB (geometric sizes, as
+bench_state.py --small makes them) is synced from rank 0 with broadcast_state,
+which at these sizes sends its pieces behind the root's row in the agreement's
+call (state.py, _send_ahead). accord.state.AHEAD_SLOT picks the way: True
+through the root's slot, False on the rings. Rounds alternate the two ways in
+the same processes (the machine's speed moves between runs, not within a pair
+of rounds); a round times --calls back-to-back calls, its time the slowest
+rank's. The loop of broadcasts and one broadcast of the same bytes run in the
+same rounds, for scale. Receivers check every tensor after every round.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ("slot", "rings", "loop", "one")
+
+
+def worker(tensors, rounds, calls):
+    import numpy as np
+    import torch
+
+    import accord
+    from accord import state
+    accord.init_process_group()
+    rank, world = accord.get_rank(), accord.get_world_size()
+    for n in tensors:
+        lo, hi = 128, 128 << 10
+        sizes = [max(1, int(lo * (hi / lo) ** (i / max(1, n - 1))) // 4) for i in range(n)]
+        g = torch.Generator().manual_seed(n)
+        ref = {f"layer{i // 4}.p{i % 4}": torch.randn(s, generator=g)
+               for i, s in enumerate(sizes)}
+        sd = {k: v.clone() if rank == 0 else torch.zeros_like(v) for k, v in ref.items()}
+        flat = torch.zeros(sum(sizes))
+
+        def sync(slot):
+            def f():
+                state.AHEAD_SLOT = slot
+                accord.broadcast_state(sd, src=0)
+            return f
+
+        def loop():
+            for t in sd.values():
+                accord.broadcast(t, src=0)
+
+        def one():
+            accord.broadcast(flat, src=0)
+        fns = {"slot": sync(True), "rings": sync(False), "loop": loop, "one": one}
+        times = {k: [] for k in METHODS}
+        for rnd in range(rounds + 2):           # two warm-up rounds
+            for name in METHODS:
+                if rank != 0:
+                    for t in sd.values():
+                        t.zero_()
+                accord.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fns[name]()
+                dt = np.array([(time.perf_counter() - t0) / calls])
+                if rank != 0 and name in ("slot", "rings", "loop"):
+                    for k, t in sd.items():
+                        if not torch.equal(t, ref[k]):
+                            raise AssertionError(f"{name}: rank {rank}: {k} differs")
+                accord.all_reduce(dt, op=accord.ReduceOp.MAX)
+                if rnd >= 2:
+                    times[name].append(float(dt[0]))
+        state.AHEAD_SLOT = True
+        if rank == 0:
+            print("RESULT " + json.dumps({"world": world, "tensors": n,
+                                          "nbytes": sum(sizes) * 4, "times": times}),
+                  flush=True)
+    accord.destroy_process_group()
+
+
+def table(results, command, load0, load1):
+    lines = [f"`{command}`", "",
+             "time per sync (µs): the median round's slowest rank; slot/rings: the median "
+             "of the per-round ratios (each pair of rounds run back to back)", "",
+             "| world | state | slot | rings | slot/rings | loop | one broadcast | "
+             "loop/slot |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        t = r["times"]
+        med = {k: statistics.median(v) * 1e6 for k, v in t.items()}
+        ratio = statistics.median(a / b for a, b in zip(t["slot"], t["rings"]))
+        lines.append(f"| {r['world']} | {r['tensors']} tensors, {r['nbytes'] // 1024} KiB | "
+                     f"{med['slot']:.0f} | {med['rings']:.0f} | {ratio:.2f}x | "
+                     f"{med['loop']:.0f} | {med['one']:.0f} | {med['loop'] / med['slot']:.2f}x |")
+    lines += ["", f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} at the start, "
+              f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} at the end"]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", default="3,4", help="world sizes, comma-separated (beyond 2)")
+    ap.add_argument("--tensors", default="10,30", help="tensors in the state, comma-separated")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--out", default=None, help="markdown table (default: print only)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    tensors = [int(x) for x in args.tensors.split(",")]
+    if args.worker:
+        worker(tensors, args.rounds, args.calls)
+        return 0
+    command = "python benchmarks/bench_ahead.py " + " ".join(sys.argv[1:])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    results = []
+    load0 = os.getloadavg()
+    for n in [int(x) for x in args.n.split(",")]:
+        cmd = [sys.executable, "-m", "accord", "run", "-n", str(n), os.path.abspath(__file__),
+               "--worker", "--tensors", args.tensors, "--rounds", str(args.rounds),
+               "--calls", str(args.calls)]
+        out = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        sys.stdout.write("".join(l + "\n" for l in out.stdout.splitlines()
+                                 if "RESULT " not in l))
+        if out.returncode:
+            print(f"world {n}: failed with exit code {out.returncode}", file=sys.stderr)
+            return out.returncode
+        results += [json.loads(l.split("RESULT ", 1)[1]) for l in out.stdout.splitlines()
+                    if "RESULT " in l]
+    md = table(results, command, load0, os.getloadavg())
+    print(md)
+    if args.out:
+        with open(os.path.join(ROOT, args.out), "w") as f:
+            f.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
