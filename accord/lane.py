@@ -11,8 +11,11 @@ table picks, over a `Comm`, as the api's call would. Every failure goes through
 the group's own error handling (`ProcessGroup._failed`), so a Desync, a lost
 peer or a timeout reads the same.
 
+A bfloat16 tensor goes as its bits (an int16 array) under its own dtype code, and
+its reductions widen and narrow it as the api's do (bf16.py).
+
 Whatever the lane does not take (a non-contiguous or read-only array, a
-bfloat16 tensor, a bad argument, an async call, a timedelta timeout, an open
+tensor copied back after the call, a bad argument, an async call, a timedelta timeout, an open
 coalescing block, ACCORD_DEBUG=DETAIL, a group spanning hosts, a queued async
 call) it declines before it touches anything: it returns False and the api's
 general path runs the call, raising its errors there.
@@ -24,7 +27,7 @@ import numpy as np
 from .algorithms import Comm
 from .algorithms import rooted, split
 from .algorithms.table import entry
-from .buffers import already_in_place, as_buf, is_torch_tensor, sendable
+from .buffers import BF16_CODE, Buf, already_in_place, as_buf, is_torch_tensor, sendable
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, RUNNING, STATE, T_END, T_START
@@ -58,8 +61,10 @@ def _plain(x, writable):
         buf = as_buf(x, "tensor", writable)
     except (TypeError, ValueError):
         return None
-    if buf.is_bf16 or buf._writeback is not None:
-        return None                 # reduced as float32 / copied back: the api's work
+    if buf._writeback is not None:
+        return None                 # copied back after the call: the api's work
+    # a bfloat16 tensor's array is its bits (int16); known says bfloat16, and the
+    # reductions below reduce it as such
     return buf.arr, (buf.dtype_code, buf.dtype_name), buf.shape
 
 
@@ -146,12 +151,13 @@ class Lane:
         return self._run(_BROADCAST, "broadcast", root, known, 0, flat.nbytes, shape, timeout,
                          _broadcast, flat, root)
 
-    def _reducible_by(self, op, flat):
-        """Whether op applies to flat's dtype (what the api's check_op says, kept)."""
-        key = (op, flat.dtype)
+    def _reducible_by(self, op, flat, known):
+        """Whether op applies to flat's dtype, known[0] its code (what the api's check_op
+        says, kept)."""
+        key = (op, known[0])
         if key not in self._reducible:
             try:
-                check_op(op, as_buf(flat, "tensor"))
+                check_op(op, Buf(flat, flat.shape, None, known[0] == BF16_CODE))
             except TypeError:
                 return False
             self._reducible.add(key)
@@ -162,10 +168,10 @@ class Lane:
         if p is None or op.__class__ is not ReduceOp:
             return False
         flat, known, shape = p
-        if not self._reducible_by(op, flat):
+        if not self._reducible_by(op, flat, known):
             return False
         return self._run(_ALL_REDUCE, "all_reduce", -1, known, int(op), flat.nbytes, shape,
-                         timeout, _all_reduce, flat, op)
+                         timeout, _all_reduce, flat, (op, known[0] == BF16_CODE))
 
     def all_gather(self, outs, tensor, timeout):
         g = self.g
@@ -211,11 +217,12 @@ class Lane:
         q = _plain(tensor, False)
         flat, known, shape = p
         if q is None or q[1][0] != known[0] or q[0].size != flat.size * g.size or \
-                not self._reducible_by(op, flat):
+                not self._reducible_by(op, flat, known):
             return False
         whole = q[0]
         return self._run(_REDUCE_SCATTER, "reduce_scatter", -1, known, int(op), whole.nbytes,
-                         shape, timeout, _reduce_scatter, flat, (whole, op))
+                         shape, timeout, _reduce_scatter, flat,
+                         (whole, op, known[0] == BF16_CODE))
 
     def scatter(self, tensor, ins, src, group_src, timeout):
         g = self.g
@@ -255,9 +262,10 @@ def _broadcast(c, g, arr, root):
     entry("broadcast", arr.nbytes, c, g.options.algorithms).fn(c, arr, root)
 
 
-def _all_reduce(c, g, arr, op):
+def _all_reduce(c, g, arr, op_bf16):
+    op, bf16 = op_bf16
     e = entry("all_reduce", arr.nbytes, c, g.options.algorithms)
-    e.fn(c, arr, op, False, g.scratch(arr.dtype, e.scratch(arr.size, c.size, arr.itemsize)))
+    e.fn(c, arr, op, bf16, g.scratch(arr.dtype, e.scratch(arr.size, c.size, arr.itemsize)))
 
 
 def _all_gather(c, g, blocks, mine):
@@ -270,11 +278,11 @@ def _all_gather(c, g, blocks, mine):
     entry("all_gather", mine.nbytes * c.size, c, g.options.algorithms).fn(c, blocks, mine, own)
 
 
-def _reduce_scatter(c, g, out, whole_op):
-    whole, op = whole_op
+def _reduce_scatter(c, g, out, whole_op_bf16):
+    whole, op, bf16 = whole_op_bf16
     n = out.size
     blocks = split(whole.copy(), [n] * c.size)     # the input is only read
-    reduce_scatter_moves(c, g, blocks, op, False)
+    reduce_scatter_moves(c, g, blocks, op, bf16)
     out[...] = blocks[c.rank]
 
 

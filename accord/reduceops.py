@@ -7,6 +7,8 @@ import enum
 
 import numpy as np
 
+from .bf16 import combine as bf16_combine, divide as bf16_divide
+
 
 class ReduceOp(enum.IntEnum):
     """How all_reduce, reduce and reduce_scatter combine the ranks' values, as torch's ReduceOp.
@@ -67,26 +69,13 @@ def check_op(op, buf, name="op"):
         raise TypeError(f"{name}: cannot reduce dtype {buf.dtype_name}")
 
 
-def _bf16_to_f32(bits):
-    return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def _f32_to_bf16(values, out_bits):
-    u = values.view(np.uint32)
-    # round to nearest even, as torch does; NaN stays a quiet NaN
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    rounded[np.isnan(values)] = 0x7FC0
-    out_bits.view(np.uint16)[...] = rounded
-
-
 def reduce_into(op, acc, other, is_bf16=False):
-    """acc <- acc op other (same dtype, same length)."""
+    """acc <- acc op other (same dtype, same length); is_bf16: both are bfloat16 bit
+    patterns (accord/bf16.py)."""
     if acc.size == 0:
         return
     if is_bf16:
-        a = _bf16_to_f32(acc)
-        _UFUNCS[op](a, _bf16_to_f32(other), out=a)
-        _f32_to_bf16(a, acc)
+        bf16_combine(_UFUNCS[op], acc, other)
         return
     if acc.dtype.kind == "b" and op in _BOOL_UFUNCS:
         _BOOL_UFUNCS[op](acc, other, out=acc)
@@ -99,8 +88,6 @@ def finish_avg(acc, n, is_bf16=False):
     if acc.size == 0:
         return
     if is_bf16:
-        a = _bf16_to_f32(acc)
-        np.divide(a, n, out=a)
-        _f32_to_bf16(a, acc)
+        bf16_divide(acc, n)
     else:
         np.divide(acc, acc.dtype.type(n), out=acc)

@@ -359,18 +359,23 @@ def _torch_mixed(rank, world):
     accord.all_reduce(x)
     y = torch.full((2, 2), float(rank), dtype=torch.int32)
     accord.broadcast(y, src=1)
-    z = torch.ones(2, dtype=torch.bfloat16) * (rank + 1)            # bfloat16: the api's
+    z = torch.ones(2, dtype=torch.bfloat16) * (rank + 1)            # bfloat16 ...
+    if not on_lane:
+        z = torch.zeros(4, dtype=torch.bfloat16)[::2].copy_(z)     # ... strided: the api's
     accord.all_reduce(z)
-    return x.tolist(), y.tolist(), z.tolist(), taken
+    w = torch.tensor([1.0, 3.0], dtype=torch.bfloat16) * (rank + 1)
+    accord.all_reduce(w, op=accord.ReduceOp.AVG)                  # on the lane on both
+    return x.tolist(), y.tolist(), z.tolist(), w.tolist(), taken
 
 
 def test_torch_tensors_on_the_lane_beside_the_general_path():
     pytest.importorskip("torch")
     res = run_ranks(2, _torch_mixed)
-    for rank, (x, y, z, taken) in enumerate(res):
+    for rank, (x, y, z, w, taken) in enumerate(res):
         assert x == [1.0, 3.0, 5.0]
         assert y == [[1, 1], [1, 1]]
         assert z == [3.0, 3.0]
-        # rank 0: all_reduce and broadcast on the lane; rank 1: its strided view went the
-        # api's way, its broadcast the lane's; bfloat16 never the lane's
-        assert taken == ([True, True] if rank == 0 else [True]), taken
+        assert w == [1.5, 4.5]
+        # rank 0: every call on the lane (its bfloat16 ones too); rank 1: its strided views
+        # went the api's way, its broadcast and its contiguous bfloat16 AVG the lane's
+        assert taken == ([True] * 4 if rank == 0 else [True, True]), taken

@@ -1,0 +1,165 @@
+"""bfloat16 all_reduce: accord with and without its bfloat16 helper, float32 for scale,
+and torch's gloo, in the same processes.
+
+    .venv/bin/python benchmarks/bench_bf16.py [-n 2,4] [--sizes 8,64K,1M,16M] [--rounds 5]
+                                              [--out FILE]
+
+Sizes are bytes of each rank's tensor. Every round times each method in turn
+(the machine's speed moves between runs, not within a round): a barrier, then a
+block of back-to-back all_reduce calls (SUM) sized to take about 50 ms, the
+slowest rank's mean; the table shows the median round. The methods:
+
+- accord bf16: accord.all_reduce of a bfloat16 tensor, the helper's kernel
+  (accord/bf16_core.c) where it is built;
+- accord bf16, numpy: the same with accord.bf16's numpy path (what runs without a
+  C compiler, or with ACCORD_BF16_HELPER=0);
+- accord f32: a float32 tensor of the same bytes;
+- gloo bf16: torch.distributed.all_reduce of the bfloat16 tensor on gloo, in
+  rounds of its own after accord's.
+
+After the rounds every rank checks the bfloat16 result of one more call of each
+against the exact sum (small integers, exact in bfloat16).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ("accord bf16", "accord bf16, numpy", "accord f32", "gloo bf16")
+
+
+def _bytes(text):
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text[:-1] if text[-1:] in "KMG" else text) * scale
+
+
+def worker(sizes, rounds):
+    import numpy as np
+    import torch
+    import torch.distributed as tdist
+
+    import accord
+    from accord import bf16
+    accord.init_process_group()
+    rank, world = accord.get_rank(), accord.get_world_size()
+    port = os.environ["MASTER_PORT"]
+    tdist.init_process_group("gloo", init_method=f"file:///tmp/accord-bench-bf16-{port}",
+                             rank=rank, world_size=world)
+    helper = bf16._HELPED
+    for nbytes in sizes:
+        n = max(1, nbytes // 2)
+        b = torch.ones(n, dtype=torch.bfloat16)
+        f = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+
+        def with_helper(h):
+            def call():
+                bf16._HELPED = h
+                accord.all_reduce(b)
+            return call
+        fns = {"accord bf16": with_helper(helper), "accord bf16, numpy": with_helper(False),
+               "accord f32": lambda: accord.all_reduce(f),
+               "gloo bf16": lambda: tdist.all_reduce(b)}
+        calls = {}
+        for name, fn in fns.items():       # a block of about 50 ms, agreed by every rank
+            t0 = time.perf_counter()
+            fn()
+            one = np.array([time.perf_counter() - t0])
+            accord.all_reduce(one, op=accord.ReduceOp.MAX)
+            calls[name] = int(max(1, min(2000, 0.05 / max(one[0], 1e-6))))
+        times = {k: [] for k in fns}
+        # gloo's rounds after accord's: a gloo call leaves the next few accord calls
+        # slower (world 4, 8 B: 125 µs against 36 µs when gloo runs in the same rounds)
+        order = [[k for k in fns if not k.startswith("gloo")]] * rounds + \
+            [[k for k in fns if k.startswith("gloo")]] * rounds
+        for names in order:
+            for name in names:
+                fn = fns[name]
+                b.fill_(1)
+                accord.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls[name]):
+                    fn()
+                dt = np.array([(time.perf_counter() - t0) / calls[name]])
+                accord.all_reduce(dt, op=accord.ReduceOp.MAX)
+                times[name].append(float(dt[0]))
+        for name in ("accord bf16", "accord bf16, numpy", "gloo bf16"):
+            b.copy_(torch.arange(n) % 7 + rank)
+            fns[name]()
+            want = (torch.arange(n) % 7) * world + sum(range(world))
+            if not torch.equal(b, want.to(torch.bfloat16)):
+                raise AssertionError(f"{name}: rank {rank}: wrong sum at {nbytes} bytes")
+        bf16._HELPED = helper
+        if rank == 0:
+            print("RESULT " + json.dumps({"world": world, "nbytes": nbytes, "times": times,
+                                          "helper": helper}), flush=True)
+    tdist.destroy_process_group()
+    accord.destroy_process_group()
+
+
+def table(results, command, load0, load1):
+    lines = [f"`{command}`", "",
+             "µs per all_reduce (SUM), the median round's slowest rank; bf16 / f32: the "
+             "median of the per-round ratios; gloo / accord bf16: of the medians", "",
+             "| world | bytes | accord bf16 | accord bf16, numpy | accord f32 | gloo bf16 | "
+             "bf16 / f32 | gloo / accord bf16 |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        t = r["times"]
+        med = {k: statistics.median(v) * 1e6 for k, v in t.items()}
+        vs_f32 = statistics.median(a / b for a, b in zip(t["accord bf16"], t["accord f32"]))
+        vs_gloo = med["gloo bf16"] / med["accord bf16"]
+        lines.append(f"| {r['world']} | {r['nbytes']} | {med['accord bf16']:.1f} | "
+                     f"{med['accord bf16, numpy']:.1f} | {med['accord f32']:.1f} | "
+                     f"{med['gloo bf16']:.1f} | {vs_f32:.2f}x | {vs_gloo:.1f}x |")
+    helper = all(r["helper"] for r in results)
+    lines += ["", "accord bf16 ran " + ("with the helper (accord/bf16_core.c)" if helper else
+                                        "without the helper (not built, or turned off)"),
+              f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} at the start, "
+              f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} at the end"]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", default="2,4", help="world sizes, comma-separated")
+    ap.add_argument("--sizes", default="8,64K,1M,16M", help="bytes per rank, comma-separated")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=None, help="markdown table (default: print only)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sizes = [_bytes(s) for s in args.sizes.split(",")]
+    if args.worker:
+        worker(sizes, args.rounds)
+        return 0
+    command = "python benchmarks/bench_bf16.py " + " ".join(sys.argv[1:])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    results = []
+    load0 = os.getloadavg()
+    for n in [int(x) for x in args.n.split(",")]:
+        cmd = [sys.executable, "-m", "accord", "run", "-n", str(n), os.path.abspath(__file__),
+               "--worker", "--sizes", args.sizes, "--rounds", str(args.rounds)]
+        out = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        sys.stdout.write("".join(l + "\n" for l in out.stdout.splitlines()
+                                 if "RESULT " not in l))
+        if out.returncode:
+            print(f"world {n}: failed with exit code {out.returncode}", file=sys.stderr)
+            return out.returncode
+        results += [json.loads(l.split("RESULT ", 1)[1]) for l in out.stdout.splitlines()
+                    if "RESULT " in l]
+    md = table(results, command, load0, os.getloadavg())
+    print(md)
+    if args.out:
+        with open(os.path.join(ROOT, args.out), "w") as f:
+            f.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
