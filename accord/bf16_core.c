@@ -37,6 +37,31 @@ static inline uint16_t narrow(float f)
     return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
 }
 
+/* the loops, built for AVX2 as well where the compiler can, picked at load time */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+CLONES static void sum_loop(uint16_t *a, const uint16_t *b, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        a[i] = narrow(widen(a[i]) + widen(b[i]));
+}
+
+CLONES static void product_loop(uint16_t *a, const uint16_t *b, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        a[i] = narrow(widen(a[i]) * widen(b[i]));
+}
+
+CLONES static void divide_loop(uint16_t *a, float f, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        a[i] = narrow(widen(a[i]) / f);
+}
+
 static int get_pair(PyObject *a, PyObject *b, Py_buffer *x, Py_buffer *y)
 {
     if (PyObject_GetBuffer(a, x, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
@@ -76,21 +101,13 @@ static PyObject *bf16_reduce(PyObject *self, PyObject *const *args, Py_ssize_t n
     uint16_t *a = (uint16_t *)x.buf;
     const uint16_t *b = (const uint16_t *)y.buf;
     Py_ssize_t n = x.len / 2;
-    if (n > 4096) {
+    void (*loop)(uint16_t *, const uint16_t *, Py_ssize_t) = op == 0 ? sum_loop : product_loop;
+    if (n > 4096) {             /* below this, releasing the GIL costs more than the loop */
         Py_BEGIN_ALLOW_THREADS
-        if (op == 0)
-            for (Py_ssize_t i = 0; i < n; i++)
-                a[i] = narrow(widen(a[i]) + widen(b[i]));
-        else
-            for (Py_ssize_t i = 0; i < n; i++)
-                a[i] = narrow(widen(a[i]) * widen(b[i]));
+        loop(a, b, n);
         Py_END_ALLOW_THREADS
-    } else if (op == 0) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            a[i] = narrow(widen(a[i]) + widen(b[i]));
     } else {
-        for (Py_ssize_t i = 0; i < n; i++)
-            a[i] = narrow(widen(a[i]) * widen(b[i]));
+        loop(a, b, n);
     }
     PyBuffer_Release(&y);
     PyBuffer_Release(&x);
@@ -122,8 +139,7 @@ static PyObject *bf16_divide(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t n = x.len / 2;
     float f = (float)d;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        a[i] = narrow(widen(a[i]) / f);
+    divide_loop(a, f, n);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&x);
     Py_RETURN_NONE;
