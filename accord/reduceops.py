@@ -4,6 +4,7 @@ Every kernel writes into its first argument (`acc = acc op other`), so
 reductions never allocate beyond the receive buffer the algorithm owns.
 """
 import enum
+import warnings
 
 import numpy as np
 
@@ -69,6 +70,26 @@ def check_op(op, buf, name="op"):
         raise TypeError(f"{name}: cannot reduce dtype {buf.dtype_name}")
 
 
+def quiet_overflow():
+    """Ignore numpy's RuntimeWarning from these kernels.
+
+    A reduction that overflows (inf) or has no value (inf - inf: NaN) gives that
+    result, as torch's and gloo's do; numpy's warning about it is not the program's
+    business. A warnings filter on this module costs nothing until a warning is
+    raised, where np.errstate would cost a microsecond on every call. It is made
+    at import and again whenever a group connects (world.connect): a filter made
+    inside a warnings.catch_warnings() block (pytest collects tests in one) is gone
+    when the block ends. Where the program turns warnings into errors (python -W
+    error, pytest's filterwarnings = error, any filter made after this one) numpy
+    raises once its ufunc has written the whole result, so the kernels drop that
+    exception rather than fail the collective on the ranks whose numbers overflowed.
+    Making the same filter again replaces it (no duplicates pile up)."""
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"accord\.reduceops$")
+
+
+quiet_overflow()
+
+
 def reduce_into(op, acc, other, is_bf16=False):
     """acc <- acc op other (same dtype, same length); is_bf16: both are bfloat16 bit
     patterns (accord/bf16.py)."""
@@ -77,10 +98,13 @@ def reduce_into(op, acc, other, is_bf16=False):
     if is_bf16:
         bf16_combine(_UFUNCS[op], acc, other)
         return
-    if acc.dtype.kind == "b" and op in _BOOL_UFUNCS:
-        _BOOL_UFUNCS[op](acc, other, out=acc)
-        return
-    _UFUNCS[op](acc, other, out=acc)
+    try:
+        if acc.dtype.kind == "b" and op in _BOOL_UFUNCS:
+            _BOOL_UFUNCS[op](acc, other, out=acc)
+            return
+        _UFUNCS[op](acc, other, out=acc)
+    except RuntimeWarning:
+        pass
 
 
 def finish_avg(acc, n, is_bf16=False):
@@ -89,5 +113,8 @@ def finish_avg(acc, n, is_bf16=False):
         return
     if is_bf16:
         bf16_divide(acc, n)
-    else:
+        return
+    try:
         np.divide(acc, acc.dtype.type(n), out=acc)
+    except RuntimeWarning:          # inf / n: see quiet_overflow
+        pass

@@ -22,6 +22,7 @@ from . import debug, hierarchy, membership, rendezvous
 from .errors import AccordError, Desync, GroupClosed, PeerLost
 from .group import ProcessGroup
 from .options import Options, to_seconds
+from .reduceops import quiet_overflow
 from .netif import local_address
 from .transport.factory import build_transport, connect_p2p
 from ._types import Timeout
@@ -64,6 +65,7 @@ def connect(g, store, addr, timeout, p2p=True):
     p2p: also its point-to-point plane (groups made for a hierarchy's phases
     carry collectives only)."""
     import time
+    quiet_overflow()        # again: a warnings filter made at import may be gone
     g.store = store         # debug/monitor.py publishes this rank's position there
     g.addr = addr           # where a group shrunk from this one connects (elastic.py)
     deadline = time.monotonic() + timeout
