@@ -62,7 +62,7 @@ def combine(ufunc, acc, other):
     """acc <- acc ufunc other, elementwise, both bfloat16 bit patterns of one length
     (int16 or uint16 arrays); ufunc: a numpy binary ufunc on float32."""
     code = _HELPED_UFUNCS.get(ufunc) if _HELPED else None
-    if code is not None:
+    if code is not None and acc.flags.c_contiguous and other.flags.c_contiguous:
         _c_reduce(acc, other, code)
         return
     _numpy(lambda fa, fb: ufunc(fa, fb, out=fa), acc, other)
@@ -70,7 +70,7 @@ def combine(ufunc, acc, other):
 
 def divide(acc, n):
     """acc <- acc / n, elementwise over bfloat16 bit patterns (AVG's last step)."""
-    if _HELPED:
+    if _HELPED and acc.flags.c_contiguous:
         _c_divide(acc, n)
         return
     d = np.float32(n)

@@ -94,6 +94,15 @@ def test_the_helper_and_numpy_give_the_same_bits(monkeypatch):
     np.testing.assert_array_equal(out["helper"], out["numpy"])
 
 
+def test_strided_halves_are_reduced_too(way):
+    a, b = _bits(2000, 6), _bits(2000, 7)
+    got = a.copy()
+    reduce_into(ReduceOp.SUM, got[::2], b[1::2], is_bf16=True)
+    finish_avg(got[::2], 2, is_bf16=True)
+    _same_as_torch(got[::2], (_torch(a[::2]) + _torch(b[1::2])) / 2, f"strided ({way})")
+    np.testing.assert_array_equal(got[1::2], a[1::2])      # the other half untouched
+
+
 def test_a_sum_that_overflows_is_inf_without_a_warning(way, recwarn):
     big = np.full(4, 0x7F7F, np.uint16).view(np.int16)     # bfloat16's largest finite
     x = big.copy()
