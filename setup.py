@@ -1,12 +1,12 @@
 """Everything about the package is in pyproject.toml; this file only declares the
 optional C helpers: the shared-memory ring's (accord/transport/ring_core.c),
 large local copies' (accord/copy_core.c) and bfloat16 reductions'
-(accord/bf16_core.c).
+(accord/halves_core.c).
 
 `optional=True`: where one cannot be compiled (no C compiler, no Python headers)
 setuptools warns and installs the package without it, and accord runs its
 pure-Python path (accord/transport/ring_helper.py, accord/localcopy.py and
-accord/bf16.py choose at import).
+accord/halves.py choose at import).
 """
 from setuptools import Extension, setup
 
@@ -17,6 +17,6 @@ setup(ext_modules=[
               optional=True, extra_compile_args=["-O2"]),
     # IEEE float arithmetic, as numpy's: no fast-math, no contraction into FMAs; -O3
     # vectorizes its loops
-    Extension("accord.bf16_core", ["accord/bf16_core.c"],
+    Extension("accord.halves_core", ["accord/halves_core.c"],
               optional=True, extra_compile_args=["-O3", "-ffp-contract=off"]),
 ])

@@ -12,7 +12,7 @@ the group's own error handling (`ProcessGroup._failed`), so a Desync, a lost
 peer or a timeout reads the same.
 
 A bfloat16 tensor goes as its bits (an int16 array) under its own dtype code, and
-its reductions widen and narrow it as the api's do (bf16.py).
+its reductions widen and narrow it as the api's do (halves.py).
 
 Whatever the lane does not take (a non-contiguous or read-only array, a
 tensor copied back after the call, a bad argument, an async call, a timedelta timeout, an open

@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 
-from .bf16 import combine as bf16_combine, divide as bf16_divide
+from .halves import bf16_combine, bf16_divide, f16_combine, f16_divide
 
 
 class ReduceOp(enum.IntEnum):
@@ -90,13 +90,18 @@ def quiet_overflow():
 quiet_overflow()
 
 
+_F16 = np.dtype(np.float16)
+
+
 def reduce_into(op, acc, other, is_bf16=False):
     """acc <- acc op other (same dtype, same length); is_bf16: both are bfloat16 bit
-    patterns (accord/bf16.py)."""
+    patterns. 16-bit floats go through accord/halves.py."""
     if acc.size == 0:
         return
     if is_bf16:
         bf16_combine(_UFUNCS[op], acc, other)
+        return
+    if acc.dtype == _F16 and f16_combine(_UFUNCS[op], acc, other):
         return
     try:
         if acc.dtype.kind == "b" and op in _BOOL_UFUNCS:
@@ -113,6 +118,8 @@ def finish_avg(acc, n, is_bf16=False):
         return
     if is_bf16:
         bf16_divide(acc, n)
+        return
+    if acc.dtype == _F16 and f16_divide(acc, n):
         return
     try:
         np.divide(acc, acc.dtype.type(n), out=acc)

@@ -146,13 +146,13 @@ def test_built_wheel_installs_and_runs_the_quick_start(tmp_path):
     sdists = list(dist.glob("accord-*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, list(dist.iterdir())
     with zipfile.ZipFile(wheels[0]) as z:
-        for helper in ("accord/transport/ring_core.", "accord/copy_core.", "accord/bf16_core."):
+        for helper in ("accord/transport/ring_core.", "accord/copy_core.", "accord/halves_core."):
             assert any(n.startswith(helper) and n.endswith(".so")
                        for n in z.namelist()), (helper, z.namelist())
     with tarfile.open(sdists[0]) as t:
         names = t.getnames()
     for source in ("/accord/transport/ring_core.c", "/accord/copy_core.c",
-                   "/accord/bf16_core.c"):
+                   "/accord/halves_core.c"):
         assert any(n.endswith(source) for n in names), (source, names)
     assert any(n.endswith("/setup.py") for n in names), names
     checked = _run([sys.executable, "-m", "twine", "check", "--strict", wheels[0], sdists[0]],

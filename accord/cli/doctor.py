@@ -371,12 +371,14 @@ def check_kernel(r):
         "numpy's copy (C helper compiled, off: ACCORD_COPY_HELPER=0)" if localcopy.built()
         else "numpy's copy (the optional C helper was not built: no C compiler when accord "
              "was installed)"))
-    from accord import bf16
-    r.line("INFO", "bfloat16 reductions: " + (
-        "the C helper's one pass" if bf16.helped() else
-        "numpy, in chunks (C helper compiled, off: ACCORD_BF16_HELPER=0)" if bf16.built()
-        else "numpy, in chunks (the optional C helper was not built: no C compiler when "
-             "accord was installed)"))
+    from accord import halves
+    r.line("INFO", "16-bit float reductions: " + (
+        "the C helper's one pass (bfloat16" +
+        (" and float16)" if halves.f16_in_helper() else "; float16 by numpy: this CPU has "
+         "no half conversions the helper uses)") if halves.helped() else
+        "numpy (C helper compiled, off: ACCORD_HALF_HELPER=0)" if halves.built()
+        else "numpy (the optional C helper was not built: no C compiler when accord was "
+             "installed)"))
     accord_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith("ACCORD_")}
     if accord_vars:
         r.line("INFO", "settings: " + ", ".join(f"{k}={v}" for k, v in accord_vars.items()))

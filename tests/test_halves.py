@@ -1,5 +1,6 @@
-"""bfloat16 reductions (accord/bf16.py): the optional C helper and the numpy path give
-torch's bits for one bfloat16 operation, and the same bits as each other."""
+"""Reductions of 16-bit floats (accord/halves.py): for bfloat16 the optional C helper and
+the numpy path give torch's bits for one bfloat16 operation, and the same bits as each
+other; for float16 the helper gives numpy's values (and torch's)."""
 import os
 import shutil
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from accord import bf16
+from accord import halves
 from accord.reduceops import ReduceOp, finish_avg, reduce_into
 
 pytestmark = pytest.mark.timeout(120)
@@ -47,15 +48,15 @@ def _same_as_torch(got, want, what):
 @pytest.fixture(params=["helper", "numpy"])
 def way(request, monkeypatch):
     if request.param == "helper":
-        if not bf16.built():
-            pytest.skip("the bf16 helper is not built here")
-        monkeypatch.setattr(bf16, "_HELPED", True)
+        if not halves.built():
+            pytest.skip("the helper is not built here")
+        monkeypatch.setattr(halves, "_HELPED", True)
     else:
-        monkeypatch.setattr(bf16, "_HELPED", False)
+        monkeypatch.setattr(halves, "_HELPED", False)
     return request.param
 
 
-@pytest.mark.parametrize("n", [1, 5, bf16.CHUNK - 1, bf16.CHUNK, bf16.CHUNK + 7, 3 * bf16.CHUNK + 1])
+@pytest.mark.parametrize("n", [1, 5, halves.CHUNK - 1, halves.CHUNK, halves.CHUNK + 7, 3 * halves.CHUNK + 1])
 @pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX])
 def test_a_reduction_is_torchs_one_bfloat16_operation(way, op, n):
     a, b = _bits(n, 1), _bits(n, 2)
@@ -69,7 +70,7 @@ def test_a_reduction_is_torchs_one_bfloat16_operation(way, op, n):
     np.testing.assert_array_equal(b, _bits(n, 2))          # other is left as it was
 
 
-@pytest.mark.parametrize("n", [1, bf16.CHUNK + 3])
+@pytest.mark.parametrize("n", [1, halves.CHUNK + 3])
 @pytest.mark.parametrize("world", [2, 3, 7])
 def test_avg_divides_once_as_torch_does(way, world, n):
     a = _bits(n, 3)
@@ -79,13 +80,13 @@ def test_avg_divides_once_as_torch_does(way, world, n):
 
 
 def test_the_helper_and_numpy_give_the_same_bits(monkeypatch):
-    if not bf16.built():
-        pytest.skip("the bf16 helper is not built here")
-    n = 5 * bf16.CHUNK + 11
+    if not halves.built():
+        pytest.skip("the helper is not built here")
+    n = 5 * halves.CHUNK + 11
     a, b = _bits(n, 4), _bits(n, 5)
     out = {}
     for name, helped in (("helper", True), ("numpy", False)):
-        monkeypatch.setattr(bf16, "_HELPED", helped)
+        monkeypatch.setattr(halves, "_HELPED", helped)
         x = a.copy()
         for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.SUM):
             reduce_into(op, x, b, is_bf16=True)
@@ -103,6 +104,65 @@ def test_strided_halves_are_reduced_too(way):
     np.testing.assert_array_equal(got[1::2], a[1::2])      # the other half untouched
 
 
+def _halves(n, seed):
+    """n float16 values: zeros, subnormals, the largest finite, inf, NaN, then random bit
+    patterns, then values near one another (sums that round, ties included)."""
+    rng = np.random.default_rng(seed)
+    out = rng.integers(0, 1 << 16, n, dtype=np.uint32).astype(np.uint16)
+    special = [0x0000, 0x8000, 0x0001, 0x83FF, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00,
+               0x7E00, 0x3C00, 0x3C01, 0x1400, 0x6800]
+    out[:min(n, len(special))] = special[:n]
+    near = rng.integers(0x3800, 0x4400, n // 3, dtype=np.uint32).astype(np.uint16)
+    out[n - len(near):] = near
+    return out.view(np.float16)
+
+
+def _same_values(got, want, what):
+    """Bit for bit where want is a number (signed zeros included); NaN where it is NaN."""
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan],
+                                  err_msg=what)
+    assert np.isnan(got[nan]).all(), what
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 4099])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX])
+def test_a_float16_reduction_gives_numpys_values(way, op, n):
+    a, b = _halves(n, 8), _halves(n, 9)
+    ufunc = {ReduceOp.SUM: np.add, ReduceOp.PRODUCT: np.multiply,
+             ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}[op]
+    with np.errstate(all="ignore"):
+        want = ufunc(a, b)
+    got = a.copy()
+    reduce_into(op, got, b)
+    _same_values(got, want, f"{op.name} of {n} ({way})")
+    t = {ReduceOp.SUM: torch.add, ReduceOp.PRODUCT: torch.mul, ReduceOp.MIN: torch.minimum,
+         ReduceOp.MAX: torch.maximum}[op](torch.from_numpy(a), torch.from_numpy(b))
+    _same_values(got, t.numpy(), f"{op.name} of {n} ({way}) against torch")
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_a_float16_avg_divides_as_numpy_does(way, world):
+    a = _halves(1001, 10)
+    with np.errstate(all="ignore"):
+        want = a / np.float16(world)
+    got = a.copy()
+    finish_avg(got, world)
+    _same_values(got, want, f"/ {world} ({way})")
+
+
+def test_the_helper_takes_float16_where_the_cpu_converts_halves(monkeypatch):
+    if not halves.built():
+        pytest.skip("the helper is not built here")
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if " f16c" in flags and " avx" in flags:
+        assert halves.f16_in_helper()
+    monkeypatch.setattr(halves, "_HELPED", True)
+    x = np.ones(4, np.float16)
+    assert halves.f16_combine(np.add, x, x) == halves.f16_in_helper()
+    assert not halves.f16_combine(np.minimum, x, x)         # MIN and MAX: numpy's
+
+
 def test_a_sum_that_overflows_is_inf_without_a_warning(way, recwarn):
     big = np.full(4, 0x7F7F, np.uint16).view(np.int16)     # bfloat16's largest finite
     x = big.copy()
@@ -112,23 +172,23 @@ def test_a_sum_that_overflows_is_inf_without_a_warning(way, recwarn):
 
 
 def test_the_helper_refuses_buffers_that_differ():
-    if not bf16.built():
-        pytest.skip("the bf16 helper is not built here")
+    if not halves.built():
+        pytest.skip("the helper is not built here")
     with pytest.raises(ValueError, match="acc holds 8 bytes, other 6"):
-        bf16._c_reduce(np.zeros(4, np.int16), np.zeros(3, np.int16), 0)
+        halves._bf16_reduce(np.zeros(4, np.int16), np.zeros(3, np.int16), 0)
     with pytest.raises(ValueError, match="op 2"):
-        bf16._c_reduce(np.zeros(4, np.int16), np.zeros(4, np.int16), 2)
+        halves._bf16_reduce(np.zeros(4, np.int16), np.zeros(4, np.int16), 2)
 
 
 def test_accord_bf16_helper_0_turns_the_helper_off():
-    code = "from accord import bf16; print(bf16.helped(), bf16._HELPED)"
+    code = "from accord import halves; print(halves.helped(), halves._HELPED)"
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, ACCORD_BF16_HELPER="0"), timeout=60)
+                         env=dict(os.environ, ACCORD_HALF_HELPER="0"), timeout=60)
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env={k: v for k, v in os.environ.items() if k != "ACCORD_BF16_HELPER"},
+                        env={k: v for k, v in os.environ.items() if k != "ACCORD_HALF_HELPER"},
                         timeout=60)
     assert off.stdout.split() == ["False", "False"], off.stderr
-    assert on.stdout.split() == [str(bf16.built())] * 2, on.stderr
+    assert on.stdout.split() == [str(halves.built())] * 2, on.stderr
 
 
 def test_built_wherever_a_c_compiler_was_found():
@@ -136,4 +196,4 @@ def test_built_wherever_a_c_compiler_was_found():
     with the machine's gcc): a build that silently fell back would go unnoticed."""
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler on this machine: numpy reduces bfloat16")
-    assert bf16.built(), "a C compiler is here, yet accord/bf16_core.c is not built"
+    assert halves.built(), "a C compiler is here, yet accord/halves_core.c is not built"

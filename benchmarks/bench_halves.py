@@ -1,24 +1,25 @@
-"""bfloat16 all_reduce: accord with and without its bfloat16 helper, float32 for scale,
-and torch's gloo, in the same processes.
+"""16-bit float all_reduce: accord's bfloat16 and float16, with and without its helper,
+float32 for scale, and torch's gloo, in the same processes.
 
-    .venv/bin/python benchmarks/bench_bf16.py [-n 2,4] [--sizes 8,64K,1M,16M] [--rounds 5]
-                                              [--out FILE]
+    .venv/bin/python benchmarks/bench_halves.py [-n 2,4] [--sizes 8,64K,1M,16M] [--rounds 5]
+                                                [--out FILE]
 
 Sizes are bytes of each rank's tensor. Every round times each method in turn
 (the machine's speed moves between runs, not within a round): a barrier, then a
 block of back-to-back all_reduce calls (SUM) sized to take about 50 ms, the
 slowest rank's mean; the table shows the median round. The methods:
 
-- accord bf16: accord.all_reduce of a bfloat16 tensor, the helper's kernel
-  (accord/bf16_core.c) where it is built;
-- accord bf16, numpy: the same with accord.bf16's numpy path (what runs without a
-  C compiler, or with ACCORD_BF16_HELPER=0);
+- accord bf16 / accord f16: accord.all_reduce of a bfloat16 / float16 tensor,
+  through the helper's kernels (accord/halves_core.c) where they are built;
+- accord bf16, numpy / accord f16, numpy: the same with accord.halves' numpy
+  path (what runs without a C compiler, or with ACCORD_HALF_HELPER=0);
 - accord f32: a float32 tensor of the same bytes;
-- gloo bf16: torch.distributed.all_reduce of the bfloat16 tensor on gloo, in
-  rounds of its own after accord's.
+- gloo bf16 / gloo f16: torch.distributed.all_reduce of the tensor on gloo, in
+  rounds of its own after accord's (a gloo call leaves the next few accord calls
+  slower: world 4, 8 B, 125 µs against 36 µs when gloo ran in the same rounds).
 
-After the rounds every rank checks the bfloat16 result of one more call of each
-against the exact sum (small integers, exact in bfloat16).
+After the rounds every rank checks the result of one more call of each 16-bit
+method against the exact sum (small integers, exact in both types).
 """
 import argparse
 import json
@@ -29,7 +30,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHODS = ("accord bf16", "accord bf16, numpy", "accord f32", "gloo bf16")
+METHODS = ("accord bf16", "accord bf16, numpy", "accord f16", "accord f16, numpy",
+           "accord f32", "gloo bf16", "gloo f16")
 
 
 def _bytes(text):
@@ -44,26 +46,31 @@ def worker(sizes, rounds):
     import torch.distributed as tdist
 
     import accord
-    from accord import bf16
+    from accord import halves
     accord.init_process_group()
     rank, world = accord.get_rank(), accord.get_world_size()
     port = os.environ["MASTER_PORT"]
-    tdist.init_process_group("gloo", init_method=f"file:///tmp/accord-bench-bf16-{port}",
+    tdist.init_process_group("gloo", init_method=f"file:///tmp/accord-bench-halves-{port}",
                              rank=rank, world_size=world)
-    helper = bf16._HELPED
+    helper = halves._HELPED
     for nbytes in sizes:
         n = max(1, nbytes // 2)
-        b = torch.ones(n, dtype=torch.bfloat16)
+        halfs = {"bf16": torch.ones(n, dtype=torch.bfloat16),
+                 "f16": torch.ones(n, dtype=torch.float16)}
         f = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
 
-        def with_helper(h):
+        def accord_call(t, h):
             def call():
-                bf16._HELPED = h
-                accord.all_reduce(b)
+                halves._HELPED = h
+                accord.all_reduce(t)
             return call
-        fns = {"accord bf16": with_helper(helper), "accord bf16, numpy": with_helper(False),
-               "accord f32": lambda: accord.all_reduce(f),
-               "gloo bf16": lambda: tdist.all_reduce(b)}
+        fns = {}
+        for kind, t in halfs.items():
+            fns[f"accord {kind}"] = accord_call(t, helper)
+            fns[f"accord {kind}, numpy"] = accord_call(t, False)
+        fns["accord f32"] = lambda: accord.all_reduce(f)
+        for kind, t in halfs.items():
+            fns[f"gloo {kind}"] = (lambda t: lambda: tdist.all_reduce(t))(t)
         calls = {}
         for name, fn in fns.items():       # a block of about 50 ms, agreed by every rank
             t0 = time.perf_counter()
@@ -72,14 +79,14 @@ def worker(sizes, rounds):
             accord.all_reduce(one, op=accord.ReduceOp.MAX)
             calls[name] = int(max(1, min(2000, 0.05 / max(one[0], 1e-6))))
         times = {k: [] for k in fns}
-        # gloo's rounds after accord's: a gloo call leaves the next few accord calls
-        # slower (world 4, 8 B: 125 µs against 36 µs when gloo runs in the same rounds)
+        # gloo's rounds after accord's (see the module's text)
         order = [[k for k in fns if not k.startswith("gloo")]] * rounds + \
             [[k for k in fns if k.startswith("gloo")]] * rounds
         for names in order:
             for name in names:
                 fn = fns[name]
-                b.fill_(1)
+                for t in halfs.values():
+                    t.fill_(1)
                 accord.barrier()
                 t0 = time.perf_counter()
                 for _ in range(calls[name]):
@@ -87,13 +94,16 @@ def worker(sizes, rounds):
                 dt = np.array([(time.perf_counter() - t0) / calls[name]])
                 accord.all_reduce(dt, op=accord.ReduceOp.MAX)
                 times[name].append(float(dt[0]))
-        for name in ("accord bf16", "accord bf16, numpy", "gloo bf16"):
-            b.copy_(torch.arange(n) % 7 + rank)
+        for name in fns:
+            if name == "accord f32":
+                continue
+            t = halfs[name.split()[1].rstrip(",")]
+            t.copy_(torch.arange(n) % 7 + rank)
             fns[name]()
             want = (torch.arange(n) % 7) * world + sum(range(world))
-            if not torch.equal(b, want.to(torch.bfloat16)):
+            if not torch.equal(t, want.to(t.dtype)):
                 raise AssertionError(f"{name}: rank {rank}: wrong sum at {nbytes} bytes")
-        bf16._HELPED = helper
+        halves._HELPED = helper
         if rank == 0:
             print("RESULT " + json.dumps({"world": world, "nbytes": nbytes, "times": times,
                                           "helper": helper}), flush=True)
@@ -103,21 +113,21 @@ def worker(sizes, rounds):
 
 def table(results, command, load0, load1):
     lines = [f"`{command}`", "",
-             "µs per all_reduce (SUM), the median round's slowest rank; bf16 / f32: the "
-             "median of the per-round ratios; gloo / accord bf16: of the medians", "",
-             "| world | bytes | accord bf16 | accord bf16, numpy | accord f32 | gloo bf16 | "
-             "bf16 / f32 | gloo / accord bf16 |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "µs per all_reduce (SUM), the median round's slowest rank; x f32: the median "
+             "of the per-round ratios to float32 of the same bytes", "",
+             "| world | bytes | " + " | ".join(METHODS) + " | bf16 x f32 | f16 x f32 |",
+             "|---:|---:|" + "---:|" * (len(METHODS) + 2)]
     for r in results:
         t = r["times"]
         med = {k: statistics.median(v) * 1e6 for k, v in t.items()}
-        vs_f32 = statistics.median(a / b for a, b in zip(t["accord bf16"], t["accord f32"]))
-        vs_gloo = med["gloo bf16"] / med["accord bf16"]
-        lines.append(f"| {r['world']} | {r['nbytes']} | {med['accord bf16']:.1f} | "
-                     f"{med['accord bf16, numpy']:.1f} | {med['accord f32']:.1f} | "
-                     f"{med['gloo bf16']:.1f} | {vs_f32:.2f}x | {vs_gloo:.1f}x |")
+        ratio = {k: statistics.median(a / b for a, b in zip(t[f"accord {k}"], t["accord f32"]))
+                 for k in ("bf16", "f16")}
+        lines.append(f"| {r['world']} | {r['nbytes']} | " +
+                     " | ".join(f"{med[k]:.1f}" for k in METHODS) +
+                     f" | {ratio['bf16']:.2f}x | {ratio['f16']:.2f}x |")
     helper = all(r["helper"] for r in results)
-    lines += ["", "accord bf16 ran " + ("with the helper (accord/bf16_core.c)" if helper else
-                                        "without the helper (not built, or turned off)"),
+    lines += ["", "accord bf16 and f16 ran " + ("with the helper (accord/halves_core.c)" if helper
+                                                else "without the helper (not built, or off)"),
               f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} at the start, "
               f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} at the end"]
     return "\n".join(lines) + "\n"
@@ -135,7 +145,7 @@ def main():
     if args.worker:
         worker(sizes, args.rounds)
         return 0
-    command = "python benchmarks/bench_bf16.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/bench_halves.py " + " ".join(sys.argv[1:])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
