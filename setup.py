@@ -16,7 +16,7 @@ setup(ext_modules=[
     Extension("accord.copy_core", ["accord/copy_core.c"],
               optional=True, extra_compile_args=["-O2"]),
     # IEEE float arithmetic, as numpy's: no fast-math, no contraction into FMAs; -O3
-    # vectorizes its loops
+    # vectorizes the portable loops (AVX2's and F16C's are written out, chosen at import)
     Extension("accord.halves_core", ["accord/halves_core.c"],
               optional=True, extra_compile_args=["-O3", "-ffp-contract=off"]),
 ])
