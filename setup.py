@@ -1,6 +1,6 @@
 """Everything about the package is in pyproject.toml; this file only declares the
 optional C helpers: the shared-memory ring's (accord/transport/ring_core.c),
-large local copies' (accord/copy_core.c) and bfloat16 reductions'
+large local copies' (accord/copy_core.c) and 16-bit float reductions'
 (accord/halves_core.c).
 
 `optional=True`: where one cannot be compiled (no C compiler, no Python headers)
