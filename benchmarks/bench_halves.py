@@ -4,8 +4,9 @@ float32 for scale, and torch's gloo, in the same processes.
     .venv/bin/python benchmarks/bench_halves.py [-n 2,4] [--sizes 8,64K,1M,16M] [--rounds 5]
                                                 [--out FILE]
 
-Sizes are bytes of each rank's tensor. Every round times each method in turn
-(the machine's speed moves between runs, not within a round): a barrier, then a
+Sizes are bytes of each rank's tensor. Every round times each method in turn,
+starting one method later than the round before (the machine's speed moves
+between runs, not within a round): a barrier, then a
 block of back-to-back all_reduce calls (SUM) sized to take about 50 ms, the
 slowest rank's mean; the table shows the median round. The methods:
 
@@ -82,8 +83,10 @@ def worker(sizes, rounds):
         # gloo's rounds after accord's (see the module's text)
         order = [[k for k in fns if not k.startswith("gloo")]] * rounds + \
             [[k for k in fns if k.startswith("gloo")]] * rounds
-        for names in order:
-            for name in names:
+        for k, names in enumerate(order):
+            # each round starts one method later: the first block after the switch from
+            # the previous round's last method is not always the same method's
+            for name in names[k % len(names):] + names[:k % len(names)]:
                 fn = fns[name]
                 for t in halfs.values():
                     t.fill_(1)
