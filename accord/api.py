@@ -349,22 +349,22 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
                      ("all_reduce", -1, {"tensor": tensor}))
 
 
-def _reduce_scatter_blocks(g, output, ins_counts, fill, op, async_op, timeout, total_bytes,
-                           call):
+def _reduce_scatter_blocks(g, output, ins, fill, op, async_op, timeout, total_bytes, call):
+    """ins: this rank's input blocks, one per rank (only read); fill() -> the input as
+    one new array, which the hierarchical phases reduce in place."""
     out = output
     hier = hierarchy.phased(g, "reduce_scatter", total_bytes)
 
     def body(c):
-        work = fill()
-        blocks = split(work, ins_counts)
         if hier:
+            work = fill()
+            blocks = split(work, [b.size for b in ins])
             # in phases; the result arrives averaged where op is AVG
             g.hier.reduce_scatter(work, blocks, out, op)(c)
             copy_into(out.arr, blocks[g.rank])
             out.finish()
             return
-        plans.reduce_scatter_moves(c, g, blocks, op, out.is_bf16)
-        copy_into(out.arr, blocks[g.rank])
+        plans.reduce_scatter_moves(c, g, ins, out.arr, op, out.is_bf16)
         out.finish()
     return plans.run(g, "reduce_scatter", body, async_op, timeout,
                      plans.stamp(out, -1, op, total_bytes), call)
@@ -409,8 +409,8 @@ def reduce_scatter(output: Tensor, input_list: Sequence[Tensor], op: ReduceOp = 
     same_dtype(out, ins, "input_list", "output")
     same_size(ins[g.rank], out, "input_list", "output", g.rank)
     check_op(op, out)
-    counts = [b.numel for b in ins]
-    return _reduce_scatter_blocks(g, out, counts, lambda: np.concatenate([b.arr for b in ins]),
+    return _reduce_scatter_blocks(g, out, [b.arr for b in ins],
+                                  lambda: np.concatenate([b.arr for b in ins]),
                                   op, async_op, timeout, sum(b.nbytes for b in ins),
                                   ("reduce_scatter", -1, {"input_list": input_list,
                                                           "output": output}))
@@ -459,7 +459,8 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp
         raise ValueError(f"input: must hold group size ({g.size}) x output's {out.numel} "
                          f"elements, holds {inp.numel} ({inp.describe()})")
     check_op(op, out)
-    return _reduce_scatter_blocks(g, out, [out.numel] * g.size, lambda: inp.arr.copy(), op,
+    return _reduce_scatter_blocks(g, out, split(inp.arr, [out.numel] * g.size),
+                                  lambda: inp.arr.copy(), op,
                                   async_op, timeout, inp.nbytes,
                                   ("reduce_scatter_tensor", -1, {"input": input,
                                                                  "output": output}))

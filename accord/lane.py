@@ -280,10 +280,7 @@ def _all_gather(c, g, blocks, mine):
 
 def _reduce_scatter(c, g, out, whole_op_bf16):
     whole, op, bf16 = whole_op_bf16
-    n = out.size
-    blocks = split(whole.copy(), [n] * c.size)     # the input is only read
-    reduce_scatter_moves(c, g, blocks, op, bf16)
-    out[...] = blocks[c.rank]
+    reduce_scatter_moves(c, g, split(whole, [out.size] * c.size), out, op, bf16)
 
 
 def _scatter(c, g, mine, shards):

@@ -12,8 +12,10 @@ the hierarchy never needs the api.
 import numpy as np
 
 from .algorithms import rooted
-from .algorithms.reduction import piece_elems, ring_reduce_scatter, tree_reduce
+from .algorithms.reduction import piece_elems, ring_reduce_scatter_into, tree_reduce
 from .algorithms.table import choose, entry
+from .buffers import already_in_place
+from .localcopy import copy_into
 from .options import to_seconds
 from .reduceops import ReduceOp, finish_avg
 from .transport.wire import NO_DTYPE
@@ -88,15 +90,22 @@ def all_reduce_run(g, buf, op, finish=False):
     return body, stamp(buf, -1, op, buf.nbytes)
 
 
-def reduce_scatter_moves(c, g, blocks, op, is_bf16):
-    """Reduce the per-rank blocks of g's input over c (None in a group of one), so that
-    blocks[g.rank] holds this rank's result, averaged for AVG (the api's call and the
+def reduce_scatter_moves(c, g, ins, out, op, is_bf16):
+    """Reduce the per-rank blocks ins of g's input (only read) over c (None in a group
+    of one) into out, this rank's result, averaged for AVG (the api's call and the
     lean path's)."""
     if c is not None:
-        need = min(max(b.size for b in blocks), piece_elems(blocks[0].itemsize))
-        ring_reduce_scatter(c, blocks, op, is_bf16, g.scratch(blocks[0].dtype, need))
+        r = g.rank
+        if any(k != r and np.may_share_memory(out, b) for k, b in enumerate(ins)):
+            # out lies over another rank's input block, which the ring reads after
+            # out is first written: reduce a copy of the input instead
+            ins = [b.copy() for b in ins]
+        need = min(max(b.size for b in ins), piece_elems(out.itemsize))
+        ring_reduce_scatter_into(c, ins, out, op, is_bf16, g.scratch(out.dtype, need))
+    elif not already_in_place(out, ins[g.rank]):
+        copy_into(out, ins[g.rank])
     if op == ReduceOp.AVG:
-        finish_avg(blocks[g.rank], g.size, is_bf16)
+        finish_avg(out, g.size, is_bf16)
 
 
 def barrier_run(g):

@@ -93,21 +93,29 @@ quiet_overflow()
 _F16 = np.dtype(np.float16)
 
 
-def reduce_into(op, acc, other, is_bf16=False):
+def reduce_into(op, acc, other, is_bf16=False, base=None):
     """acc <- acc op other (same dtype, same length); is_bf16: both are bfloat16 bit
-    patterns. 16-bit floats go through accord/halves.py."""
+    patterns. 16-bit floats go through accord/halves.py.
+
+    base: acc <- base op other instead (base only read), in one pass where numpy
+    computes it (the 16-bit kernels work in place: base is copied into acc first)."""
     if acc.size == 0:
         return
+    if base is not None and (is_bf16 or acc.dtype == _F16):
+        acc[...] = base
+        base = None
     if is_bf16:
         bf16_combine(_UFUNCS[op], acc, other)
         return
     if acc.dtype == _F16 and f16_combine(_UFUNCS[op], acc, other):
         return
+    if base is None:
+        base = acc
     try:
         if acc.dtype.kind == "b" and op in _BOOL_UFUNCS:
-            _BOOL_UFUNCS[op](acc, other, out=acc)
+            _BOOL_UFUNCS[op](base, other, out=acc)
             return
-        _UFUNCS[op](acc, other, out=acc)
+        _UFUNCS[op](base, other, out=acc)
     except RuntimeWarning:
         pass
 

@@ -8,6 +8,9 @@ scratch buffer of that size and reduced at once, so a rank's memory stays
 within the user's buffers plus one piece, whatever the message size. Sender
 and receiver cut the same pieces: both derive them from the block's length.
 """
+import numpy as np
+
+from ..buffers import already_in_place
 from ..reduceops import ReduceOp, finish_avg, reduce_into
 from . import even_counts, split
 
@@ -86,18 +89,52 @@ def ring_reduce_scatter(c, blocks, op, bf16, tmp):
                      op, bf16, tmp)
 
 
-def _send_reduce(c, to, give, frm, keep, op, bf16, tmp):
+def ring_reduce_scatter_into(c, ins, out, op, bf16, tmp):
+    """ring_reduce_scatter that leaves the input as it is: ins[k] is this rank's block
+    for rank k (only read), out receives the full reduction of block `rank` (not
+    averaged; it may be ins[rank] itself).
+
+    The block a step sends is the one it reduced the step before, so only that one
+    partial sum is kept: in out at the last step, in a spare block before it (two
+    that take turns from four ranks up, one at three, none at two), each written as
+    this rank's input block op the peer's part, piece by piece. Where the input was
+    copied whole first, a reduce_scatter_tensor of 16 MiB a rank at world 2 spent
+    4.8 of its 9.9 ms copying.
+
+    tmp: scratch of at least min(largest block, piece_elems) elements."""
+    n, r = c.size, c.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    spares = []
+    give = ins[(r - 1) % n]
+    for s in range(n - 1):
+        k = (r - s - 2) % n
+        if s == n - 2:
+            keep = out
+        else:
+            if len(spares) < 2:
+                spares.append(np.empty(max(b.size for b in ins), out.dtype))
+            keep = spares[s % 2][:ins[k].size]
+        _send_reduce(c, right, give, left, keep, op, bf16, tmp,
+                     None if already_in_place(keep, ins[k]) else ins[k])
+        give = keep
+
+
+def _send_reduce(c, to, give, frm, keep, op, bf16, tmp, base=None):
     """One reduce-scatter step: send `give` to rank `to` while receiving rank frm's part
     of `keep` and reducing it into keep, piece by piece through tmp (at least
-    min(keep.size, piece_elems) elements). Both sides cut the same pieces."""
+    min(keep.size, piece_elems) elements). Both sides cut the same pieces.
+
+    base: keep <- base op the peer's part instead (base only read, keep's own
+    contents unused)."""
     per = piece_elems(tmp.itemsize)
     sp, rp = _pieces(give, per), _pieces(keep, per)
+    bp = None if base is None else _pieces(base, per)
     for i in range(max(len(sp), len(rp))):
         t = tmp[:rp[i].size] if i < len(rp) else None
         c.exchange(sends=[(to, sp[i])] if i < len(sp) else (),
                    recvs=[(frm, t)] if t is not None else ())
         if t is not None:
-            reduce_into(op, rp[i], t, bf16)
+            reduce_into(op, rp[i], t, bf16, None if bp is None else bp[i])
 
 
 def ring_allreduce(c, acc, op, bf16, tmp):
