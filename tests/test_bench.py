@@ -112,6 +112,22 @@ def test_ops_in_any_order_are_verified_right(tmp_path):
     assert [r["op"] for r in rows] == ["broadcast", "all_gather", "all_reduce"]
 
 
+@pytest.mark.timeout(90)
+def test_reduce_scatter_is_timed_when_asked_for_and_verified(tmp_path):
+    # not among the default ops; beside MPICH's Reduce_scatter_block where mpi4py is here
+    out = tmp_path / "out.csv"
+    libs = ["--compare", "mpi"] if importlib.util.find_spec("mpi4py") else []
+    p = bench("--quick", "-n", "2", "--ops", "reduce_scatter,all_reduce", "--sizes", "8,64K",
+              "--csv", str(out), *libs)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "WRONG" not in p.stdout + p.stderr, p.stdout + p.stderr
+    rows = read_csv(out)
+    check_rows(rows, "accord", ["all_reduce", "reduce_scatter"], [8, 65536])
+    if libs:
+        assert {r["op"] for r in rows if r["lib"] != "accord"} == {"all_reduce", "barrier",
+                                                                    "reduce_scatter"}
+
+
 @pytest.mark.timeout(60)
 def test_quick_compare_gloo(tmp_path):
     pytest.importorskip("torch")

@@ -103,6 +103,13 @@ def ring_reduce_scatter_into(c, ins, out, op, bf16, tmp):
 
     tmp: scratch of at least min(largest block, piece_elems) elements."""
     n, r = c.size, c.rank
+    per = piece_elems(out.itemsize)
+    if n == 2 and ins[0].size <= per and ins[1].size <= per:
+        # one piece each way: _send_reduce's one exchange, without its lists
+        t = tmp[:out.size]
+        c.swap(1 - r, ins[1 - r], t)
+        reduce_into(op, out, t, bf16, None if already_in_place(out, ins[r]) else ins[r])
+        return
     right, left = (r + 1) % n, (r - 1) % n
     spares = []
     give = ins[(r - 1) % n]

@@ -83,8 +83,9 @@ def add_arguments(parser):
                              "(default 2)")
     parser.add_argument("--ops", default=",".join(OPS),
                         help=f"ops to time, of {', '.join(ALL_OPS)} (default "
-                             f"{','.join(OPS)}; pingpong and p2p_bw are point-to-point "
-                             "between ranks 0 and 1)")
+                             f"{','.join(OPS)}; reduce_scatter is reduce_scatter_tensor, "
+                             "each rank's output block SIZE bytes; pingpong and p2p_bw "
+                             "are point-to-point between ranks 0 and 1)")
     parser.add_argument("--sizes", default=None,
                         help=f"bytes of each rank's float32 tensor, K/M/G binary units "
                              f"(default {DEFAULT_SIZES}; {QUICK_SIZES} with --quick)")

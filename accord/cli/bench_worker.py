@@ -32,7 +32,10 @@ from accord.cli.bench_p2p import P2P_OPS, MpiStyle, TorchStyle, messages_per_cal
 
 PREFIX = "@@accord-bench "
 OPS = ("broadcast", "all_gather", "scatter", "all_reduce")
-ALL_OPS = OPS + P2P_OPS
+# timed only when asked for (--ops): reduce_scatter_tensor (MPI's Reduce_scatter_block),
+# each rank's output block `size` bytes, its input the group size times that
+EXTRA_OPS = ("reduce_scatter",)
+ALL_OPS = OPS + EXTRA_OPS + P2P_OPS
 BARRIER_SIZE = 8          # the barrier row is timed with the plan of an 8-byte op
 
 
@@ -50,14 +53,14 @@ def plan(size, quick=False):
 def bus_factor(op, n):
     """nccl-tests: busbw = algbw * factor."""
     return {"broadcast": 1.0, "all_gather": (n - 1) / n, "scatter": (n - 1) / n,
-            "all_reduce": 2 * (n - 1) / n, "barrier": 0.0,
+            "all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "barrier": 0.0,
             "pingpong": 1.0, "p2p_bw": 1.0}[op]
 
 
 def algbw_bytes(op, size, world):
-    """nccl-tests' S: the bytes an op is said to move (all_gather/scatter: the whole buffer;
-    pingpong/p2p_bw: one message, their latency being per message)."""
-    return size * world if op in ("all_gather", "scatter") else size
+    """nccl-tests' S: the bytes an op is said to move (all_gather/scatter/reduce_scatter:
+    the whole buffer; pingpong/p2p_bw: one message, their latency being per message)."""
+    return size * world if op in ("all_gather", "scatter", "reduce_scatter") else size
 
 
 def _emit(obj):
@@ -70,10 +73,13 @@ def _emit(obj):
 # buffers(size) -> (ops dict, verify() -> bool), p2p(size) -> the same for
 # the point-to-point ops, close().
 
-def _verify(done, rank, x, blocks, y, z):
+def _verify(done, rank, x, blocks, y, z, rs):
     """Whether the buffers hold what the ops in `done` leave there (any library:
-    numpy arrays or torch tensors). blocks: all_gather's per-rank results."""
+    numpy arrays or torch tensors). blocks: all_gather's per-rank results; rs:
+    reduce_scatter's output (its inputs are zeros)."""
     ok = True
+    if "reduce_scatter" in done:
+        ok &= bool((rs == 0).all())
     if "broadcast" in done:
         ok &= bool((x == 1).all())
     if "all_gather" in done:
@@ -112,15 +118,17 @@ class AccordLib:
         sc = [np.full(numel, i, np.float32) for i in range(world)] if rank == 0 else None
         y = np.empty(numel, np.float32)
         z = np.zeros(numel, np.float32)
+        rs_in, rs = np.zeros(numel * world, np.float32), np.full(numel, -1, np.float32)
         ops = {
             "broadcast": lambda: dist.broadcast(x, src=0),
             "all_gather": lambda: dist.all_gather(gl, x),
             "scatter": lambda: dist.scatter(y, sc, src=0),
             "all_reduce": lambda: dist.all_reduce(z, op=dist.ReduceOp.SUM),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(rs, rs_in),
             "barrier": lambda: dist.barrier(),
         }
 
-        return ops, lambda done: _verify(done, rank, x, gl, y, z)
+        return ops, lambda done: _verify(done, rank, x, gl, y, z, rs)
 
     def p2p(self, size):
         return p2p_ops(TorchStyle(self.dist, lambda a: a), self.rank, self.world, size)
@@ -173,15 +181,17 @@ class GlooLib:
         sc = [torch.full((numel,), float(i)) for i in range(world)] if rank == 0 else None
         y = torch.empty(numel)
         z = torch.zeros(numel)
+        rs_in, rs = torch.zeros(numel * world), torch.full((numel,), -1.0)
         ops = {
             "broadcast": lambda: dist.broadcast(x, src=0),
             "all_gather": lambda: dist.all_gather(gl, x),
             "scatter": lambda: dist.scatter(y, sc, src=0),
             "all_reduce": lambda: dist.all_reduce(z, op=dist.ReduceOp.SUM),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(rs, rs_in),
             "barrier": lambda: dist.barrier(),
         }
 
-        return ops, lambda done: _verify(done, rank, x, gl, y, z)
+        return ops, lambda done: _verify(done, rank, x, gl, y, z, rs)
 
     def p2p(self, size):
         return p2p_ops(TorchStyle(self.dist, self.torch.from_numpy), self.rank, self.world,
@@ -221,15 +231,17 @@ class MpiLib:
         y = np.empty(numel, np.float32)
         z = np.zeros(numel, np.float32)
         zr = np.empty(numel, np.float32)
+        rs_in, rs = np.zeros(numel * world, np.float32), np.full(numel, -1, np.float32)
         ops = {
             "broadcast": lambda: comm.Bcast(x, root=0),
             "all_gather": lambda: comm.Allgather(x, gl),
             "scatter": lambda: comm.Scatter(sc, y, root=0),
             "all_reduce": lambda: comm.Allreduce(z, zr, op=MPI.SUM),
+            "reduce_scatter": lambda: comm.Reduce_scatter_block(rs_in, rs, op=MPI.SUM),
             "barrier": lambda: comm.Barrier(),
         }
 
-        return ops, lambda done: _verify(done, rank, x, gl.reshape(world, numel), y, zr)
+        return ops, lambda done: _verify(done, rank, x, gl.reshape(world, numel), y, zr, rs)
 
     def p2p(self, size):
         return p2p_ops(MpiStyle(self.comm, self.MPI), self.rank, self.world, size)
@@ -308,7 +320,7 @@ def run(lib, ops, sizes, quick, barrier):
     for size in sizes:
         say(f"allocating {size} B")
         ops_fn, checks = {}, []
-        if any(op in OPS for op in ops):
+        if any(op in OPS or op in EXTRA_OPS for op in ops):
             fns, verify = lib.buffers(size)
             ops_fn.update(fns)
             checks.append(verify)
