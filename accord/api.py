@@ -349,9 +349,11 @@ def all_reduce(tensor: Tensor, op: ReduceOp = ReduceOp.SUM, group: Optional[Proc
                      ("all_reduce", -1, {"tensor": tensor}))
 
 
-def _reduce_scatter_blocks(g, output, ins, fill, op, async_op, timeout, total_bytes, call):
-    """ins: this rank's input blocks, one per rank (only read); fill() -> the input as
-    one new array, which the hierarchical phases reduce in place."""
+def _reduce_scatter_blocks(g, output, ins, fill, op, async_op, timeout, total_bytes, call,
+                           whole=None):
+    """ins: this rank's input blocks, one per rank (only read); whole: the input as one
+    array, where ins are its consecutive blocks; fill() -> the input as one new array,
+    which the hierarchical phases reduce in place."""
     out = output
     hier = hierarchy.phased(g, "reduce_scatter", total_bytes)
 
@@ -364,7 +366,7 @@ def _reduce_scatter_blocks(g, output, ins, fill, op, async_op, timeout, total_by
             copy_into(out.arr, blocks[g.rank])
             out.finish()
             return
-        plans.reduce_scatter_moves(c, g, ins, out.arr, op, out.is_bf16)
+        plans.reduce_scatter_moves(c, g, ins, out.arr, op, out.is_bf16, whole)
         out.finish()
     return plans.run(g, "reduce_scatter", body, async_op, timeout,
                      plans.stamp(out, -1, op, total_bytes), call)
@@ -463,7 +465,8 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp
                                   lambda: inp.arr.copy(), op,
                                   async_op, timeout, inp.nbytes,
                                   ("reduce_scatter_tensor", -1, {"input": input,
-                                                                 "output": output}))
+                                                                 "output": output}),
+                                  inp.arr)
 
 
 def _all_to_all_blocks(g, ref, outs, out_blocks, in_blocks, async_op, timeout, call):

@@ -280,7 +280,7 @@ def _all_gather(c, g, blocks, mine):
 
 def _reduce_scatter(c, g, out, whole_op_bf16):
     whole, op, bf16 = whole_op_bf16
-    reduce_scatter_moves(c, g, split(whole, [out.size] * c.size), out, op, bf16)
+    reduce_scatter_moves(c, g, split(whole, [out.size] * c.size), out, op, bf16, whole)
 
 
 def _scatter(c, g, mine, shards):

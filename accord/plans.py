@@ -12,8 +12,8 @@ the hierarchy never needs the api.
 import numpy as np
 
 from .algorithms import rooted
-from .algorithms.reduction import piece_elems, ring_reduce_scatter_into, tree_reduce
-from .algorithms.table import choose, entry
+from .algorithms.reduction import piece_elems, tree_reduce
+from .algorithms.table import ALGORITHMS, choose, entry
 from .buffers import already_in_place
 from .localcopy import copy_into
 from .options import to_seconds
@@ -90,18 +90,39 @@ def all_reduce_run(g, buf, op, finish=False):
     return body, stamp(buf, -1, op, buf.nbytes)
 
 
-def reduce_scatter_moves(c, g, ins, out, op, is_bf16):
+def reduce_scatter_moves(c, g, ins, out, op, is_bf16, whole=None):
     """Reduce the per-rank blocks ins of g's input (only read) over c (None in a group
     of one) into out, this rank's result, averaged for AVG (the api's call and the
-    lean path's)."""
+    lean path's). whole: the input as one array, where ins are its consecutive blocks.
+
+    The algorithm table picks the ring or recursive halving by size and world (the
+    same answer on every rank); halving needs the input as one array of equal blocks
+    (one copy of it where a list of equal blocks came), so it runs on every rank or
+    on none: the block sizes, the size and the world are the same everywhere."""
     if c is not None:
         r = g.rank
+        total = sum(b.nbytes for b in ins)
+        e = entry("reduce_scatter", total, c, g.options.algorithms)
+        halving = e is ALGORITHMS["reduce_scatter"]["halving"] and \
+            all(b.size == out.size for b in ins)
         if any(k != r and np.may_share_memory(out, b) for k, b in enumerate(ins)):
-            # out lies over another rank's input block, which the ring reads after
-            # out is first written: reduce a copy of the input instead
+            # out lies over another rank's input block, which is read after out is
+            # first written: reduce a copy of the input instead
+            whole = None
             ins = [b.copy() for b in ins]
-        need = min(max(b.size for b in ins), piece_elems(out.itemsize))
-        ring_reduce_scatter_into(c, ins, out, op, is_bf16, g.scratch(out.dtype, need))
+        if not halving:
+            e = ALGORITHMS["reduce_scatter"]["ring"]
+        elif whole is None:
+            whole = np.concatenate(ins)
+        per = piece_elems(out.itemsize)
+        if halving:
+            half = whole.size // 2
+            need = min(half, per)
+            buf = g.scratch(out.dtype, need + half)
+            tmp, spare = buf[:need], buf[need:need + half]
+        else:
+            tmp, spare = g.scratch(out.dtype, min(max(b.size for b in ins), per)), None
+        e.fn(c, ins, whole, out, op, is_bf16, tmp, spare)
     elif not already_in_place(out, ins[g.rank]):
         copy_into(out, ins[g.rank])
     if op == ReduceOp.AVG:

@@ -45,13 +45,15 @@ def _tensor(rank, world, n, dtype, op_name):
     return mine.tolist()
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world,env", [(2, {}), (3, {}), (4, {}),     # 4: recursive halving
+                                       (4, {"ACCORD_ALGORITHMS": "reduce_scatter=ring"})],
+                         ids=["2", "3", "4", "4-ring"])
 @pytest.mark.parametrize("n,dtype,op", [(3, np.float32, "SUM"), (70_000, np.float64, "AVG"),
                                         (1_200_000, np.float32, "SUM"),   # 2 pieces a block
                                         (5000, np.int32, "MAX"),
                                         (9000, np.float16, "SUM")])      # the 16-bit kernels
-def test_the_input_is_only_read(world, n, dtype, op):
-    res = run_ranks(world, _tensor, n, dtype, op)
+def test_the_input_is_only_read(world, env, n, dtype, op):
+    res = run_ranks(world, _tensor, n, dtype, op, env=env)
     sizes = [n + k for k in range(world)]
     for rank, got in enumerate(res):
         every = [(np.arange(sizes[rank]) % 13 + r + rank).astype(dtype) for r in range(world)]
@@ -73,8 +75,15 @@ def _output_inside_the_input(rank, world, n, where):
     return "ok"
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("n", [5, 300_000])
 @pytest.mark.parametrize("where", ["own", "another"])
 def test_an_output_inside_the_input(world, n, where):
     assert run_ranks(world, _output_inside_the_input, n, where) == ["ok"] * world
+
+
+def test_eight_ranks_halve_three_times():
+    # the middle step reduces into the spare half the first one wrote
+    for n, dtype, op in [(4, np.float64, "SUM"), (40_000, np.float32, "AVG")]:
+        res = run_ranks(8, _tensor, n, dtype, op, timeout=90)
+        assert len(res) == 8

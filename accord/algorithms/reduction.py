@@ -126,6 +126,42 @@ def ring_reduce_scatter_into(c, ins, out, op, bf16, tmp):
         give = keep
 
 
+def halving_reduce_scatter_into(c, whole, out, op, bf16, tmp, spare):
+    """Reduce-scatter by recursive halving (halving_doubling's first half), leaving the
+    input as it is: log2(n) steps where the ring takes n - 1, each waiting for one
+    partner, which counts where ranks outnumber cores. A power of two of ranks beyond
+    two (halving_doubling_applies), blocks of one size.
+
+    whole: this rank's input, n blocks of out's size (only read); out: the reduction
+    of block `rank` (not averaged). The first step writes the half this rank keeps,
+    input op the partner's part, into spare (at least half of whole's elements);
+    later steps reduce into spare's part they keep, the last one into out.
+    tmp: scratch of at least min(half of whole, piece_elems) elements."""
+    n, r = c.size, c.rank
+    m = out.size
+    b0, b1 = 0, n
+    a0 = None                   # spare holds blocks a0.. (None: still the input's)
+    mask = n >> 1
+    while mask:
+        partner = r ^ mask
+        mid = (b0 + b1) // 2
+        keep, give = ((b0, mid), (mid, b1)) if not r & mask else ((mid, b1), (b0, mid))
+
+        def current(lo, hi):
+            return whole[lo * m:hi * m] if a0 is None else spare[(lo - a0) * m:(hi - a0) * m]
+        if mask == 1:
+            dest, base = out, current(*keep)
+        elif a0 is None:
+            dest, base = spare[:(keep[1] - keep[0]) * m], current(*keep)
+        else:
+            dest, base = current(*keep), None
+        _send_reduce(c, partner, current(*give), partner, dest, op, bf16, tmp, base)
+        if a0 is None:
+            a0 = keep[0]
+        b0, b1 = keep
+        mask >>= 1
+
+
 def _send_reduce(c, to, give, frm, keep, op, bf16, tmp, base=None):
     """One reduce-scatter step: send `give` to rank `to` while receiving rank frm's part
     of `keep` and reducing it into keep, piece by piece through tmp (at least

@@ -68,6 +68,17 @@ ALGORITHMS = {
         "doubling": Entry(all_gather.doubling, all_gather.doubling_applies),
         "ring": Entry(all_gather.ring),
     },
+    # reduce_scatter's ring and halving take (comm, ins, whole, out, op, bf16, tmp, spare):
+    # whole, this rank's input as one array (None where it is not one), halving only
+    # where it is and every block has out's size (plans.reduce_scatter_moves sees to it)
+    "reduce_scatter": {
+        "halving": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
+                         reduction.halving_reduce_scatter_into(c, whole, out, op, bf16, tmp,
+                                                               spare),
+                         reduction.halving_doubling_applies),
+        "ring": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
+                      reduction.ring_reduce_scatter_into(c, ins, out, op, bf16, tmp)),
+    },
     "all_reduce": {
         "slotted": Entry(slotted.all_reduce, slotted.all_reduce_applies,
                          scratch=lambda numel, size, itemsize: 0,
