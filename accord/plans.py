@@ -12,7 +12,7 @@ the hierarchy never needs the api.
 import numpy as np
 
 from .algorithms import rooted
-from .algorithms.reduction import piece_elems, tree_reduce
+from .algorithms.reduction import has_children, piece_elems, tree_reduce
 from .algorithms.table import ALGORITHMS, choose, entry
 from .buffers import already_in_place
 from .localcopy import copy_into
@@ -66,10 +66,17 @@ def reduce_run(g, buf, root, op, in_place=False):
     non-root's buf may be used as scratch (it is overwritten afterwards anyway)."""
     def body(c):
         if c is not None:
-            # non-root inputs stay untouched, as NCCL leaves them
-            acc = buf.arr if c.rank == root or in_place else buf.arr.copy()
-            tmp = g.scratch(buf.arr.dtype, min(buf.numel, piece_elems(buf.itemsize)))
-            tree_reduce(c, acc, root, op, buf.is_bf16, tmp)
+            # non-root inputs stay untouched, as NCCL leaves them: a leaf of the tree
+            # sends its input as it is, a non-root that receives reduces it with its
+            # first child's part into a new array (never copying it first)
+            arr = buf.arr
+            tmp = g.scratch(arr.dtype, min(buf.numel, piece_elems(buf.itemsize)))
+            if c.rank == root or in_place:
+                tree_reduce(c, arr, root, op, buf.is_bf16, tmp)
+            elif has_children(c.size, c.rank, root):
+                tree_reduce(c, np.empty_like(arr), root, op, buf.is_bf16, tmp, src=arr)
+            else:
+                tree_reduce(c, arr, root, op, buf.is_bf16, tmp)
     return body, stamp(buf, root, op, buf.nbytes)
 
 

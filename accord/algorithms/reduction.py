@@ -25,23 +25,35 @@ def _pieces(arr, per):
     return [arr[i:i + per] for i in range(0, arr.size, per)] or [arr]
 
 
-def tree_reduce(c, acc, root, op, bf16, tmp):
+def has_children(size, rank, root):
+    """Whether rank receives from another in tree_reduce's binomial tree (a leaf only
+    sends its input, and leaves it as it was)."""
+    vr = (rank - root) % size
+    return not vr & 1 and vr + 1 < size
+
+
+def tree_reduce(c, acc, root, op, bf16, tmp, src=None):
     """Binomial reduce into acc on root; acc is scratch on the other ranks.
 
+    src: where this rank's input is, when not in acc (only read): the first child's
+    part is reduced as src op part into acc, and a leaf sends src itself.
     tmp: scratch of at least min(acc.size, piece_elems) elements."""
     n, vr = c.size, (c.rank - root) % c.size
     per = piece_elems(acc.itemsize)
     mask = 1
     while mask < n:
         if vr & mask:
-            c.exchange(sends=[((vr - mask + root) % n, p) for p in _pieces(acc, per)])
+            c.exchange(sends=[((vr - mask + root) % n, p)
+                              for p in _pieces(acc if src is None else src, per)])
             return
         child = vr + mask
         if child < n:
-            for p in _pieces(acc, per):
+            bases = [None] * len(_pieces(acc, per)) if src is None else _pieces(src, per)
+            for p, b in zip(_pieces(acc, per), bases):
                 t = tmp[:p.size]
                 c.recv((child + root) % n, t)
-                reduce_into(op, p, t, bf16)
+                reduce_into(op, p, t, bf16, b)
+            src = None
         mask <<= 1
     if op == ReduceOp.AVG:
         finish_avg(acc, n, bf16)

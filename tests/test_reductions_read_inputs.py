@@ -2,7 +2,7 @@
 sums in the output and in spare blocks, never in the caller's input, whatever the
 world size, the size (several pieces of the ring included), the op, or where the
 output lies (this rank's own block of the input, as sharded training passes it, or
-over another rank's block)."""
+over another rank's block). reduce leaves every non-root's input as it was too."""
 import numpy as np
 import pytest
 
@@ -87,3 +87,23 @@ def test_eight_ranks_halve_three_times():
     for n, dtype, op in [(4, np.float64, "SUM"), (40_000, np.float32, "AVG")]:
         res = run_ranks(8, _tensor, n, dtype, op, timeout=90)
         assert len(res) == 8
+
+
+def _reduce(rank, world, n, root):
+    import accord
+    x = (np.arange(n) % 11 + rank).astype(np.float32)
+    before = x.copy()
+    accord.reduce(x, dst=root)
+    if rank == root:
+        want = sum((np.arange(n) % 11 + r).astype(np.float32) for r in range(world))
+        np.testing.assert_array_equal(x, want)
+    else:
+        # a leaf sends its input as it is; a rank that receives reduces into a new array
+        np.testing.assert_array_equal(x, before, err_msg="a non-root's input was written")
+    return "ok"
+
+
+@pytest.mark.parametrize("world,root", [(2, 1), (3, 0), (4, 1), (5, 2)])
+@pytest.mark.parametrize("n", [3, 1_200_000])
+def test_reduce_leaves_every_non_roots_input_as_it_was(world, root, n):
+    assert run_ranks(world, _reduce, n, root) == ["ok"] * world
