@@ -471,9 +471,12 @@ def reduce_scatter_tensor(output: Tensor, input: Tensor, op: ReduceOp = ReduceOp
 
 def _all_to_all_blocks(g, ref, outs, out_blocks, in_blocks, async_op, timeout, call):
     def body(c):
-        copy_into(out_blocks[g.rank], in_blocks[g.rank])
-        if c is not None:
-            rooted.all_to_all(c, out_blocks, in_blocks)
+        def own():
+            copy_into(out_blocks[g.rank], in_blocks[g.rank])
+        if c is None:
+            own()
+        else:
+            rooted.all_to_all(c, out_blocks, in_blocks, own)
         _finish(*outs)
     return plans.run(g, "all_to_all", body, async_op, timeout, plans.stamp(ref), call)
 

@@ -22,12 +22,13 @@ def scatter(c, mine, blocks, root, meanwhile=None):
         c.recv(root, mine)
 
 
-def all_to_all(c, out_blocks, in_blocks):
-    """out_blocks[p] <- rank p's in_blocks[me]; own block copied by the caller."""
+def all_to_all(c, out_blocks, in_blocks, meanwhile=None):
+    """out_blocks[p] <- rank p's in_blocks[me]; meanwhile (copying this rank's own
+    block) runs while the others' move, where the transport allows."""
     r, n = c.rank, c.size
     order = [(r + s) % n for s in range(1, n)]
     c.exchange(sends=[(p, in_blocks[p]) for p in order],
-               recvs=[(p, out_blocks[p]) for p in order])
+               recvs=[(p, out_blocks[p]) for p in order], meanwhile=meanwhile)
 
 
 def barrier(c, token):
