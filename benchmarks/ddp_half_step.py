@@ -1,14 +1,15 @@
 """A DistributedDataParallel training step that all-reduces 16-bit gradients, on accord
 or on gloo.
 
-    accord run -n 2 benchmarks/ddp_half_step.py accord [bf16|fp16-hook]
-    GLOO_SOCKET_IFNAME=lo accord run -n 2 benchmarks/ddp_half_step.py gloo [bf16|fp16-hook]
+    accord run -n 2 benchmarks/ddp_half_step.py accord [bf16|fp16-hook|fp32]
+    GLOO_SOCKET_IFNAME=lo accord run -n 2 benchmarks/ddp_half_step.py gloo [bf16|fp16-hook|fp32]
 
 Eight 1024x1024 linear layers, a batch of 16, SGD. bf16 (the default): a
 bfloat16 model (16 MiB of bfloat16 gradients, one DDP bucket). fp16-hook: a
 float32 model whose gradients DDP compresses to float16 before reducing them
 (torch's fp16_compress_hook: 32 MiB of float32 gradients, 16 MiB reduced as
-float16, in buckets of 25 MiB). Three warm-up steps, then 5 rounds of 5 steps (a
+float16, in buckets of 25 MiB). fp32, for scale: the float32 model reducing float32
+gradients. Three warm-up steps, then 5 rounds of 5 steps (a
 barrier before each round); rank 0 prints each round's ms per step, the median,
 and the sum of the first two parameters after the last step (the same on every
 backend that reduces alike: accord's 16-bit sums round as torch's do).
@@ -24,8 +25,8 @@ from torch import nn
 def main():
     backend = sys.argv[1] if len(sys.argv) > 1 else "accord"
     mode = sys.argv[2] if len(sys.argv) > 2 else "bf16"
-    if mode not in ("bf16", "fp16-hook"):
-        sys.exit(f"mode: bf16 or fp16-hook, not {mode!r}")
+    if mode not in ("bf16", "fp16-hook", "fp32"):
+        sys.exit(f"mode: bf16, fp16-hook or fp32, not {mode!r}")
     if backend == "accord":
         import accord.torch  # noqa: F401  (registers the backend)
     dist.init_process_group(backend)
