@@ -102,27 +102,31 @@ def reduce_scatter_moves(c, g, ins, out, op, is_bf16, whole=None):
     of one) into out, this rank's result, averaged for AVG (the api's call and the
     lean path's). whole: the input as one array, where ins are its consecutive blocks.
 
-    The algorithm table picks the ring or recursive halving by size and world (the
-    same answer on every rank); halving needs the input as one array of equal blocks
-    (one copy of it where a list of equal blocks came), so it runs on every rank or
-    on none: the block sizes, the size and the world are the same everywhere."""
+    The algorithm table picks the ring, recursive halving or (small, beyond two ranks)
+    recursive doubling by size and world (the same answer on every rank); the last
+    two need the input as one array of equal blocks (one copy of it where a list of
+    equal blocks came), so they run on every rank or on none: the block sizes, the
+    size and the world are the same everywhere."""
     if c is not None:
         r = g.rank
         total = sum(b.nbytes for b in ins)
         e = entry("reduce_scatter", total, c, g.options.algorithms)
-        halving = e is ALGORITHMS["reduce_scatter"]["halving"] and \
-            all(b.size == out.size for b in ins)
+        algos = ALGORITHMS["reduce_scatter"]
+        one_array = e is not algos["ring"] and all(b.size == out.size for b in ins)
         if any(k != r and np.may_share_memory(out, b) for k, b in enumerate(ins)):
             # out lies over another rank's input block, which is read after out is
             # first written: reduce a copy of the input instead
             whole = None
             ins = [b.copy() for b in ins]
-        if not halving:
-            e = ALGORITHMS["reduce_scatter"]["ring"]
+        if not one_array:
+            e = algos["ring"]
         elif whole is None:
             whole = np.concatenate(ins)
         per = piece_elems(out.itemsize)
-        if halving:
+        if e is algos["doubling"]:
+            buf = g.scratch(out.dtype, 2 * whole.size)
+            tmp, spare = buf[:whole.size], buf[whole.size:]
+        elif one_array:
             half = whole.size // 2
             need = min(half, per)
             buf = g.scratch(out.dtype, need + half)

@@ -138,6 +138,21 @@ def ring_reduce_scatter_into(c, ins, out, op, bf16, tmp):
         give = keep
 
 
+def doubling_reduce_scatter_into(c, whole, out, op, bf16, tmp, spare):
+    """A small reduce-scatter beyond two ranks as recursive doubling's all-reduce of the
+    whole input, in spare (a copy; the input is only read), then this rank's block
+    into out: log2(n) steps of one small message each, without the pieces and
+    per-step lists of the halving or the ring. Not averaged.
+
+    whole: this rank's input, n blocks of out's size; spare: whole's size; tmp: as
+    much again."""
+    spare[...] = whole
+    # the caller averages this rank's block: the all-reduce only sums
+    recursive_doubling(c, spare, ReduceOp.SUM if op == ReduceOp.AVG else op, bf16, tmp)
+    m = out.size
+    out[...] = spare[c.rank * m:(c.rank + 1) * m]
+
+
 def halving_reduce_scatter_into(c, whole, out, op, bf16, tmp, spare):
     """Reduce-scatter by recursive halving (halving_doubling's first half), leaving the
     input as it is: log2(n) steps where the ring takes n - 1, each waiting for one

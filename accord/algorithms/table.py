@@ -28,7 +28,8 @@ class Entry(NamedTuple):
 
 
 # below these sizes (bytes) the latency-bound algorithm runs
-SMALL = {"broadcast": 256 << 10, "all_gather": 64 << 10, "all_reduce": 64 << 10}
+SMALL = {"broadcast": 256 << 10, "all_gather": 64 << 10, "all_reduce": 64 << 10,
+         "reduce_scatter": 16 << 10}
 
 
 def _small(op):
@@ -68,10 +69,16 @@ ALGORITHMS = {
         "doubling": Entry(all_gather.doubling, all_gather.doubling_applies),
         "ring": Entry(all_gather.ring),
     },
-    # reduce_scatter's ring and halving take (comm, ins, whole, out, op, bf16, tmp, spare):
-    # whole, this rank's input as one array (None where it is not one), halving only
-    # where it is and every block has out's size (plans.reduce_scatter_moves sees to it)
+    # reduce_scatter's algorithms take (comm, ins, whole, out, op, bf16, tmp, spare):
+    # whole, this rank's input as one array (None where it is not one); doubling and
+    # halving only where it is and every block has out's size (plans.reduce_scatter_moves
+    # sees to it)
     "reduce_scatter": {
+        "doubling": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
+                          reduction.doubling_reduce_scatter_into(c, whole, out, op, bf16,
+                                                                 tmp, spare),
+                          lambda c, nbytes: c.size > 2 and nbytes < SMALL["reduce_scatter"],
+                          can_run=lambda c, nbytes: c.size > 2),
         "halving": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
                          reduction.halving_reduce_scatter_into(c, whole, out, op, bf16, tmp,
                                                                spare),
