@@ -26,11 +26,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from worlds import run_worlds, write_table
+
 METHODS = ("accord bf16", "accord bf16, numpy", "accord f16", "accord f16, numpy",
            "accord f32", "gloo bf16", "gloo f16")
 
@@ -149,30 +149,11 @@ def main():
         worker(sizes, args.rounds)
         return 0
     command = "python benchmarks/bench_halves.py " + " ".join(sys.argv[1:])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    results = []
     load0 = os.getloadavg()
-    for n in [int(x) for x in args.n.split(",")]:
-        cmd = [sys.executable, "-m", "accord", "run", "-n", str(n), os.path.abspath(__file__),
-               "--worker", "--sizes", args.sizes, "--rounds", str(args.rounds)]
-        out = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-        sys.stdout.write("".join(l + "\n" for l in out.stdout.splitlines()
-                                 if "RESULT " not in l))
-        if out.returncode:
-            print(f"world {n}: failed with exit code {out.returncode}", file=sys.stderr)
-            return out.returncode
-        results += [json.loads(l.split("RESULT ", 1)[1]) for l in out.stdout.splitlines()
-                    if "RESULT " in l]
-    md = table(results, command, load0, os.getloadavg())
-    print(md)
-    if args.out:
-        with open(os.path.join(ROOT, args.out), "w") as f:
-            f.write(md)
+    results = run_worlds(__file__, [int(x) for x in args.n.split(",")],
+                         ["--sizes", args.sizes, "--rounds", str(args.rounds)], {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")})
+    write_table(table(results, command, load0, os.getloadavg()), args.out)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

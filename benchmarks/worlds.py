@@ -1,0 +1,41 @@
+"""Running a benchmark's worker under `accord run` at each world size, for the scripts
+that time in their own rank processes and print one `RESULT {json}` line a result
+(bench_ahead.py, bench_halves.py)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_worlds(script, worlds, worker_args, env=None):
+    """Run `accord run -n N script --worker *worker_args` for each N in worlds, from the
+    repository's root with it first on PYTHONPATH (and OMP_NUM_THREADS=1 unless set),
+    echoing every other line the ranks print. Returns the parsed RESULT lines of every
+    run, in order; exits with a run's exit code where one fails."""
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    results = []
+    for n in worlds:
+        cmd = [sys.executable, "-m", "accord", "run", "-n", str(n), os.path.abspath(script),
+               "--worker", *worker_args]
+        out = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        lines = out.stdout.splitlines()
+        sys.stdout.write("".join(line + "\n" for line in lines if "RESULT " not in line))
+        if out.returncode:
+            print(f"world {n}: failed with exit code {out.returncode}", file=sys.stderr)
+            sys.exit(out.returncode)
+        results += [json.loads(line.split("RESULT ", 1)[1]) for line in lines
+                    if "RESULT " in line]
+    return results
+
+
+def write_table(md, out):
+    """Print the markdown table and, where out is given, write it there (relative to the
+    repository's root)."""
+    print(md)
+    if out:
+        with open(os.path.join(ROOT, out), "w") as f:
+            f.write(md)
