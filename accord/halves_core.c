@@ -30,7 +30,7 @@
 #include <string.h>
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
-#define HAVE_F16C_PATH 1
+#define HAVE_X86_PATHS 1
 #endif
 
 static inline float widen(uint16_t b)
@@ -70,7 +70,7 @@ static void divide_loop(uint16_t *a, float f, Py_ssize_t n)
         a[i] = narrow(widen(a[i]) / f);
 }
 
-#ifdef HAVE_F16C_PATH
+#ifdef HAVE_X86_PATHS
 /* bfloat16 with AVX2, sixteen elements a step: unpacking against zeros puts each
  * element in the top half of a 32-bit lane (within each 128-bit half), and packing
  * the two results back (also within each half) restores the order */
@@ -216,7 +216,7 @@ static PyObject *run_divide(PyObject *const *args, Py_ssize_t nargs, scale_loop 
     Py_RETURN_NONE;
 }
 
-#ifdef HAVE_F16C_PATH
+#ifdef HAVE_X86_PATHS
 /* float16 through F16C: eight elements a step, the tail one by one */
 #define F16C_TARGET __attribute__((target("avx,f16c")))
 
@@ -289,7 +289,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-#ifdef HAVE_F16C_PATH
+#ifdef HAVE_X86_PATHS
 static PyMethodDef f16_methods[] = {
     {"f16_reduce", (PyCFunction)(void (*)(void))f16_reduce, METH_FASTCALL,
      "f16_reduce(acc, other, op): acc = acc op other over float16 (op 0 sum, 1 product)."},
@@ -308,7 +308,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit_halves_core(void)
 {
     PyObject *m = PyModule_Create(&module);
-#ifdef HAVE_F16C_PATH
+#ifdef HAVE_X86_PATHS
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) {
         bf16_sum = sum_avx2;
