@@ -107,7 +107,14 @@ def reduce_scatter_moves(c, g, ins, out, op, is_bf16, whole=None):
     two need the input as one array of equal blocks (one copy of it where a list of
     equal blocks came), so they run on every rank or on none: the block sizes, the
     size and the world are the same everywhere."""
-    if c is not None:
+    if c is not None and c.size == 2:
+        # two ranks: always the ring (its one exchange), the other two need more ranks
+        if np.may_share_memory(out, ins[1 - g.rank]):
+            ins = [b.copy() for b in ins]       # see below
+        tmp = g.scratch(out.dtype, min(max(ins[0].size, ins[1].size),
+                                       piece_elems(out.itemsize)))
+        ALGORITHMS["reduce_scatter"]["ring"].fn(c, ins, None, out, op, is_bf16, tmp, None)
+    elif c is not None:
         r = g.rank
         total = sum(b.nbytes for b in ins)
         e = entry("reduce_scatter", total, c, g.options.algorithms)
