@@ -102,11 +102,12 @@ def reduce_scatter_moves(c, g, ins, out, op, is_bf16, whole=None):
     of one) into out, this rank's result, averaged for AVG (the api's call and the
     lean path's). whole: the input as one array, where ins are its consecutive blocks.
 
-    The algorithm table picks the ring, recursive halving or (small, beyond two ranks)
-    recursive doubling by size and world (the same answer on every rank); the last
-    two need the input as one array of equal blocks (one copy of it where a list of
-    equal blocks came), so they run on every rank or on none: the block sizes, the
-    size and the world are the same everywhere."""
+    The algorithm table picks the ring, recursive halving (through the shared slots
+    in all_reduce's slotted range) or (small, beyond two ranks) recursive doubling by
+    size and world (the same answer on every rank); all but the ring need the input
+    as one array of equal blocks (one copy of it where a list of equal blocks came),
+    so they run on every rank or on none: the block sizes, the size and the world
+    are the same everywhere."""
     if c is not None and c.size == 2:
         # two ranks: always the ring (its one exchange), the other two need more ranks
         if np.may_share_memory(out, ins[1 - g.rank]):
@@ -133,6 +134,8 @@ def reduce_scatter_moves(c, g, ins, out, op, is_bf16, whole=None):
         if e is algos["doubling"]:
             buf = g.scratch(out.dtype, 2 * whole.size)
             tmp, spare = buf[:whole.size], buf[whole.size:]
+        elif e is algos["slotted"]:
+            tmp, spare = None, g.scratch(out.dtype, whole.size // 2)
         elif one_array:
             half = whole.size // 2
             need = min(half, per)

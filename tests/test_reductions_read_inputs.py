@@ -47,8 +47,9 @@ def _tensor(rank, world, n, dtype, op_name):
 
 @pytest.mark.parametrize("world,env", [(2, {}), (3, {}), (4, {}),     # 4: recursive halving
                                        (4, {"ACCORD_ALGORITHMS": "reduce_scatter=ring"}),
-                                       (4, {"ACCORD_ALGORITHMS": "reduce_scatter=doubling"})],
-                         ids=["2", "3", "4", "4-ring", "4-doubling"])
+                                       (4, {"ACCORD_ALGORITHMS": "reduce_scatter=doubling"}),
+                                       (4, {"ACCORD_ALGORITHMS": "reduce_scatter=slotted"})],
+                         ids=["2", "3", "4", "4-ring", "4-doubling", "4-slotted"])
 @pytest.mark.parametrize("n,dtype,op", [(3, np.float32, "SUM"), (70_000, np.float64, "AVG"),
                                         (1_200_000, np.float32, "SUM"),   # 2 pieces a block
                                         (5000, np.int32, "MAX"),

@@ -225,6 +225,52 @@ def broadcast_list(c, bufs, root, before=None, after=None):
     skip_empty(i)
 
 
+def reduce_scatter(c, whole, out, op, bf16, spare):
+    """all_reduce's reduce-scatter on its own, leaving the input as it is
+    (reduction.halving_reduce_scatter_into's steps and buffers, with each half a rank
+    gives written once into its slot and reduced by the partner straight out of it).
+
+    whole: this rank's input, n blocks of out's size (only read); out: the reduction
+    of block `rank`, not averaged; spare: at least half of whole's elements."""
+    s = c.slots
+    n, r = c.size, c.rank
+    m = out.size
+    per = max(1, s.room // max(1, out.itemsize))
+    got = np.empty(2, np.int64)
+    b0, b1 = 0, n
+    a0 = None                   # spare holds blocks a0.. (None: still the input's)
+    mask = n >> 1
+    while mask:
+        partner = r ^ mask
+        mid = (b0 + b1) // 2
+        keep, give = ((b0, mid), (mid, b1)) if not r & mask else ((mid, b1), (b0, mid))
+
+        def current(lo, hi):
+            return whole[lo * m:hi * m] if a0 is None else spare[(lo - a0) * m:(hi - a0) * m]
+        if mask == 1:
+            dest, base = out, current(*keep)
+        elif a0 is None:
+            dest, base = spare[:(keep[1] - keep[0]) * m], current(*keep)
+        else:
+            dest, base = current(*keep), None
+        given = current(*give)
+        # both sides cut the same pieces: each derives them from the lengths
+        for i in range(0, max(given.size, dest.size, 1), per):
+            gp, kp = given[i:i + per], dest[i:i + per]
+            pos, mem = c.claim((partner,), gp.nbytes)
+            mem[:] = as_bytes(gp)
+            c.swap(partner, _announce(pos, gp.nbytes), got)
+            at = _check(s, partner, got, kp.nbytes)
+            if kp.size:
+                reduce_into(op, kp, np.frombuffer(s.piece(partner, at, kp.nbytes), kp.dtype),
+                            bf16, None if base is None else base[i:i + per])
+            s.release(partner, at, kp.nbytes)
+        if a0 is None:
+            a0 = keep[0]
+        b0, b1 = keep
+        mask >>= 1
+
+
 def all_reduce_applies(c, nbytes):
     """A power of two of ranks beyond two with slots (halving_doubling's shape), from
     ALL_REDUCE_MIN to ALL_REDUCE_MAX bytes."""

@@ -70,15 +70,19 @@ ALGORITHMS = {
         "ring": Entry(all_gather.ring),
     },
     # reduce_scatter's algorithms take (comm, ins, whole, out, op, bf16, tmp, spare):
-    # whole, this rank's input as one array (None where it is not one); doubling and
-    # halving only where it is and every block has out's size (plans.reduce_scatter_moves
-    # sees to it)
+    # whole, this rank's input as one array (None where it is not one); all but the ring
+    # only where it is and every block has out's size (plans.reduce_scatter_moves sees
+    # to it)
     "reduce_scatter": {
         "doubling": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
                           reduction.doubling_reduce_scatter_into(c, whole, out, op, bf16,
                                                                  tmp, spare),
                           lambda c, nbytes: c.size > 2 and nbytes < SMALL["reduce_scatter"],
                           can_run=lambda c, nbytes: c.size > 2),
+        # all_reduce's slotted ranges: the same halving through the slots
+        "slotted": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
+                         slotted.reduce_scatter(c, whole, out, op, bf16, spare),
+                         slotted.all_reduce_applies, can_run=slotted.all_reduce_can_run),
         "halving": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
                          reduction.halving_reduce_scatter_into(c, whole, out, op, bf16, tmp,
                                                                spare),
