@@ -164,13 +164,22 @@ def halving_reduce_scatter_into(c, whole, out, op, bf16, tmp, spare):
     input op the partner's part, into spare (at least half of whole's elements);
     later steps reduce into spare's part they keep, the last one into out.
     tmp: scratch of at least min(half of whole, piece_elems) elements."""
-    n, r = c.size, c.rank
+    for partner, given, dest, base in halving_steps(c.size, c.rank, whole, out, spare):
+        _send_reduce(c, partner, given, partner, dest, op, bf16, tmp, base)
+
+
+def halving_steps(n, r, whole, out, spare):
+    """The steps of a reduce-scatter by recursive halving that leaves its input as it
+    is, for rank r of n (a power of two): (partner, the half to give, where the kept
+    half's reduction goes, what it is the partner's part op: the kept half's current
+    values, or None where they are already in that place). The first step's kept
+    half goes into spare, later ones stay where they are in it, the last goes into
+    out. Each step's arrays are cut once the step before has run."""
     m = out.size
     b0, b1 = 0, n
     a0 = None                   # spare holds blocks a0.. (None: still the input's)
     mask = n >> 1
     while mask:
-        partner = r ^ mask
         mid = (b0 + b1) // 2
         keep, give = ((b0, mid), (mid, b1)) if not r & mask else ((mid, b1), (b0, mid))
 
@@ -182,7 +191,7 @@ def halving_reduce_scatter_into(c, whole, out, op, bf16, tmp, spare):
             dest, base = spare[:(keep[1] - keep[0]) * m], current(*keep)
         else:
             dest, base = current(*keep), None
-        _send_reduce(c, partner, current(*give), partner, dest, op, bf16, tmp, base)
+        yield r ^ mask, current(*give), dest, base
         if a0 is None:
             a0 = keep[0]
         b0, b1 = keep

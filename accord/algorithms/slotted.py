@@ -21,6 +21,7 @@ import numpy as np
 
 from ..reduceops import ReduceOp, finish_avg, reduce_into
 from . import as_bytes, even_counts
+from .reduction import halving_steps
 
 # Where the copies saved outweigh a step that waits for every peer at once, with more
 # ranks than cores, and up to where the others copy between memories once (single copy:
@@ -232,43 +233,29 @@ def reduce_scatter(c, whole, out, op, bf16, spare):
 
     whole: this rank's input, n blocks of out's size (only read); out: the reduction
     of block `rank`, not averaged; spare: at least half of whole's elements."""
-    s = c.slots
-    n, r = c.size, c.rank
-    m = out.size
-    per = max(1, s.room // max(1, out.itemsize))
     got = np.empty(2, np.int64)
-    b0, b1 = 0, n
-    a0 = None                   # spare holds blocks a0.. (None: still the input's)
-    mask = n >> 1
-    while mask:
-        partner = r ^ mask
-        mid = (b0 + b1) // 2
-        keep, give = ((b0, mid), (mid, b1)) if not r & mask else ((mid, b1), (b0, mid))
+    for partner, given, dest, base in halving_steps(c.size, c.rank, whole, out, spare):
+        _swap_reduce(c, partner, given, dest, op, bf16, got, base)
 
-        def current(lo, hi):
-            return whole[lo * m:hi * m] if a0 is None else spare[(lo - a0) * m:(hi - a0) * m]
-        if mask == 1:
-            dest, base = out, current(*keep)
-        elif a0 is None:
-            dest, base = spare[:(keep[1] - keep[0]) * m], current(*keep)
-        else:
-            dest, base = current(*keep), None
-        given = current(*give)
-        # both sides cut the same pieces: each derives them from the lengths
-        for i in range(0, max(given.size, dest.size, 1), per):
-            gp, kp = given[i:i + per], dest[i:i + per]
-            pos, mem = c.claim((partner,), gp.nbytes)
-            mem[:] = as_bytes(gp)
-            c.swap(partner, _announce(pos, gp.nbytes), got)
-            at = _check(s, partner, got, kp.nbytes)
-            if kp.size:
-                reduce_into(op, kp, np.frombuffer(s.piece(partner, at, kp.nbytes), kp.dtype),
-                            bf16, None if base is None else base[i:i + per])
-            s.release(partner, at, kp.nbytes)
-        if a0 is None:
-            a0 = keep[0]
-        b0, b1 = keep
-        mask >>= 1
+
+def _swap_reduce(c, partner, given, kept, op, bf16, got, base=None):
+    """One halving step through the slots: `given` written piece by piece into this
+    rank's slot for the partner, whose matching pieces are reduced straight out of its
+    slot into `kept` (as base op piece where base is given). got: a 2-element int64
+    scratch for the announcements."""
+    s = c.slots
+    per = max(1, s.room // max(1, kept.itemsize))
+    # both sides cut the same pieces: each derives them from the lengths
+    for i in range(0, max(given.size, kept.size, 1), per):
+        gp, kp = given[i:i + per], kept[i:i + per]
+        pos, mem = c.claim((partner,), gp.nbytes)
+        mem[:] = as_bytes(gp)
+        c.swap(partner, _announce(pos, gp.nbytes), got)
+        at = _check(s, partner, got, kp.nbytes)
+        if kp.size:
+            reduce_into(op, kp, np.frombuffer(s.piece(partner, at, kp.nbytes), kp.dtype),
+                        bf16, None if base is None else base[i:i + per])
+        s.release(partner, at, kp.nbytes)
 
 
 def all_reduce_applies(c, nbytes):
@@ -290,34 +277,20 @@ def all_reduce(c, acc, op, bf16, tmp=None):
     into one); then every rank's reduced block through the slots (all_gather above:
     one step, each block written once, where doubling copies it in and out of a ring
     at every step). tmp: unused."""
-    s = c.slots
     n, r = c.size, c.rank
     flat = acc.reshape(-1)
     counts = even_counts(flat.size, n)
     starts = [0]
     for k in counts:
         starts.append(starts[-1] + k)
-    per = max(1, s.room // max(1, flat.itemsize))
     got = np.empty(2, np.int64)
     b0, b1 = 0, n
     mask = n >> 1
     while mask:
-        partner = r ^ mask
         mid = (b0 + b1) // 2
         keep, give = ((b0, mid), (mid, b1)) if not r & mask else ((mid, b1), (b0, mid))
-        given = flat[starts[give[0]]:starts[give[1]]]
-        kept = flat[starts[keep[0]]:starts[keep[1]]]
-        # both sides cut the same pieces: each derives them from the lengths
-        for i in range(0, max(given.size, kept.size, 1), per):
-            gp, kp = given[i:i + per], kept[i:i + per]
-            pos, mem = c.claim((partner,), gp.nbytes)
-            mem[:] = as_bytes(gp)
-            c.swap(partner, _announce(pos, gp.nbytes), got)
-            at = _check(s, partner, got, kp.nbytes)
-            if kp.size:
-                reduce_into(op, kp, np.frombuffer(s.piece(partner, at, kp.nbytes), kp.dtype),
-                            bf16)
-            s.release(partner, at, kp.nbytes)
+        _swap_reduce(c, r ^ mask, flat[starts[give[0]]:starts[give[1]]],
+                     flat[starts[keep[0]]:starts[keep[1]]], op, bf16, got)
         b0, b1 = keep
         mask >>= 1
     blocks = [flat[starts[i]:starts[i + 1]] for i in range(n)]
