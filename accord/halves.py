@@ -38,7 +38,6 @@ CHUNK = 8192                 # bfloat16 elements a numpy pass takes: its three s
                              # arrays (32 KiB each) stay in the cache
 _NAN = 0x7FC0
 _HELPED_UFUNCS = {np.add: 0, np.multiply: 1}
-_F16 = np.dtype(np.float16)
 
 
 def built():

@@ -12,7 +12,8 @@ the hierarchy never needs the api.
 import numpy as np
 
 from .algorithms import rooted
-from .algorithms.reduction import has_children, piece_elems, tree_reduce
+from .algorithms.reduction import (has_children, piece_elems, ring_reduce_scatter_into,
+                                   tree_reduce)
 from .algorithms.table import ALGORITHMS, choose, entry
 from .buffers import already_in_place
 from .localcopy import copy_into
@@ -114,7 +115,7 @@ def reduce_scatter_moves(c, g, ins, out, op, is_bf16, whole=None):
             ins = [b.copy() for b in ins]       # see below
         tmp = g.scratch(out.dtype, min(max(ins[0].size, ins[1].size),
                                        piece_elems(out.itemsize)))
-        ALGORITHMS["reduce_scatter"]["ring"].fn(c, ins, None, out, op, is_bf16, tmp, None)
+        ring_reduce_scatter_into(c, ins, out, op, is_bf16, tmp)
     elif c is not None:
         r = g.rank
         total = sum(b.nbytes for b in ins)
