@@ -20,6 +20,7 @@ from .group import ProcessGroup
 from .localcopy import copy_into
 from .options import to_seconds
 from .reduceops import ReduceOp, as_reduce_op, check_op
+from .transport.p2p import Pending
 from .work import Work, completed_work
 from .world import not_member, resolve_group
 from ._types import Tensor, Timeout
@@ -626,13 +627,6 @@ def _tag(tag):
     return int(tag)
 
 
-def _p2p_pending(g, is_send, tensor, peer_global, peer_local, tag, timeout, opname):
-    """Check one point-to-point call and build its operation; nothing is posted yet."""
-    peer, tag, view, finish, timeout = _p2p_args(g, is_send, tensor, peer_global, peer_local,
-                                                 tag, timeout)
-    return g.p2p_op(opname, is_send, peer, view, tag, timeout, finish)
-
-
 def _p2p_args(g, is_send, tensor, peer_global, peer_local, tag, timeout):
     """One point-to-point call's arguments, checked: (group rank of the peer or None
     for any source, tag, the bytes, what finishes a receive, timeout in seconds)."""
@@ -662,8 +656,17 @@ def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
         peer, tag, view, finish, timeout = _p2p_args(g, is_send, tensor, peer, group_peer, tag,
                                                      timeout)
         return g.p2p_blocking(opname, is_send, peer, view, tag, timeout, finish)
-    op = _p2p_pending(g, is_send, tensor, peer, group_peer, tag, timeout, opname)
-    g.post_p2p([op])
+    return _p2p_work(g, opname, is_send, *_p2p_args(g, is_send, tensor, peer, group_peer, tag,
+                                                     timeout))
+
+
+def _p2p_work(g, opname, is_send, peer, tag, view, finish, timeout):
+    """Start a checked isend or irecv; its Work."""
+    op = g.p2p_start(opname, is_send, peer, view, tag, timeout, finish)
+    if op.__class__ is not Pending:
+        # over already: its Work needs its description only for repr()
+        return Work(op, lambda: f"{opname} {'to' if is_send else 'from'} "
+                    f"{g.describe_rank(peer)} (tag {tag}, {len(view)} bytes, group {g.name!r})")
     return Work(op, lambda: op.desc, waiter=g.p2p.wait)
 
 
@@ -802,10 +805,12 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     if not g.is_member:
         not_member(g, "batch_isend_irecv")
         return []
-    pending = []
+    checked = []
     for o in ops:
         is_send = o.op is isend
-        pending.append(_p2p_pending(g, is_send, o.tensor, o.peer, o.group_peer, o.tag, None,
-                                    "isend" if is_send else "irecv"))
-    g.post_p2p(pending)
-    return [Work(p, lambda p=p: p.desc, waiter=g.p2p.wait) for p in pending]
+        checked.append((is_send, _p2p_args(g, is_send, o.tensor, o.peer, o.group_peer, o.tag,
+                                           None)))
+    g.check_open()
+    # started in the list's order, each as isend/irecv would start it
+    return [_p2p_work(g, "isend" if is_send else "irecv", is_send, *args)
+            for is_send, args in checked]

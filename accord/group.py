@@ -30,7 +30,7 @@ from .lane import Lane
 from .errors import AccordError, CommTimeout, Desync, GroupClosed
 from .transport.p2p import Engine, Pending
 from .transport.wire import OP_CODES, Stamp, decode_error, encode_error
-from .work import Work
+from .work import Outcome, Work
 
 _now, _monotonic = time.time, time.monotonic
 _NO_STAMP = (-1, 0, 0, -1, "", None)     # a call that carries no tensor
@@ -38,6 +38,7 @@ _NO_STAMP = (-1, 0, 0, -1, "", None)     # a call that carries no tensor
 # at destroy, how long to read peers' last messages before their goodbye: a call in
 # which ranks disagree but each only sends leaves a message nobody read
 GOODBYE_S = 0.5
+_SENT = Outcome.settled()        # every send over within its isend call (it holds no state)
 
 
 class ProcessGroup:
@@ -193,6 +194,48 @@ class ProcessGroup:
             self.post_p2p([op])
         eng.wait(op)
         return op.result()
+
+    def p2p_start(self, opname, is_send, peer, view, tag, timeout=None, finish=None):
+        """An isend or irecv (peer: group rank, or None for any source), started: the
+        Outcome that tells its end (the sender's global rank for a receive).
+
+        Where the engine lets the caller start it (Engine.start_now), a small send
+        written into the ring or a receive whose message was here is over within
+        the call, with no Pending and no hand-off to the engine's thread."""
+        eng = self.p2p
+        if eng is None or peer is None:
+            op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish)
+            self.post_p2p([op])
+            return op
+        self.check_open()
+        entry = self.p2p_entry(opname, peer, len(view))
+        try:
+            rec, op = eng.start_now(is_send, peer, view, tag, lambda rec: self.p2p_op(
+                opname, is_send, peer, view, tag, timeout, finish, entry))
+        except AccordError as e:
+            entry[debug.STATE] = debug.FAILED
+            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
+            self.check_open()        # a broken group says why
+            raise
+        if op is not None:
+            return op
+        if rec is None:
+            op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish, entry)
+            self.post_p2p([op])
+            return op
+        entry[debug.T_END] = time.time()
+        err = None if is_send else rec.error
+        if err is None and finish is not None:
+            try:
+                finish()
+            except BaseException as e:      # as the engine's _succeed: the op's error
+                err = e
+        if err is not None:
+            entry[debug.STATE] = debug.FAILED
+            entry[debug.ERROR] = f"{type(err).__name__}: {err}"
+            return Outcome.settled(exc=err)
+        entry[debug.STATE] = debug.DONE
+        return _SENT if is_send else Outcome.settled(self.ranks[peer])
 
     def post_p2p(self, ops):
         """Start point-to-point operations (in order); each one's future tells its end."""

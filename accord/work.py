@@ -31,6 +31,13 @@ class Outcome:
         self._event = None
         self._callbacks = None
 
+    @classmethod
+    def settled(cls, value: Any = None, exc: Optional[BaseException] = None) -> "Outcome":
+        """An outcome that is over already: exc, or else value."""
+        o = cls()
+        o._state, o._value = (_OK, value) if exc is None else (_FAILED, exc)
+        return o
+
     def done(self) -> bool:
         return self._state != _PENDING
 

@@ -198,6 +198,56 @@ class Engine:
         self._kick()
         return None, op
 
+    def start_now(self, is_send, peer, view, tag, make_op):
+        """An isend or irecv with peer given, started on the caller's thread: no thread
+        hand-off, and no Pending where it is over at once (a small send written into
+        the ring, a receive whose message is here already).
+
+        Unlike try_now it never waits, and it needs only that nothing posted before
+        it waits to be started (operations under way are no obstacle: a window of
+        receives posts each one straight on its link, in order). Returns (record,
+        None) when it is done (a receive's record may carry its error), (None, op)
+        when it is under way (make_op(record) built the Pending, which the engine
+        adopted, started as it is), or (None, None) where it could not start: post
+        the operation. Sends and receives reach the link in the order of the calls,
+        as post() would start them."""
+        if self._thread is None:
+            self._start_thread()     # it drains what peers send, whoever waits for it
+        if not self._busy.acquire(blocking=False):
+            return None, None
+        try:
+            if self._inbox or self._closed is not None or peer in self._gone:
+                return None, None
+            t = self.t
+            link = t.links[peer]
+            if is_send:
+                rec = t.tagged_send(peer, view, tag)
+            elif t.take_now(peer, view, tag):
+                return _TAKEN, None
+            else:
+                rec = Recv(peer, view, tag=tag)
+                if link.stash and link.take_stashed(rec):
+                    return rec, None
+                link.posted.append(rec)
+            if not rec.done:
+                # one step of its link: a send's first bytes out, what came in read
+                try:
+                    t.step_link(link)
+                except AccordError as e:
+                    self._lose(peer, e)
+                    if not rec.done:
+                        return None, None        # post() fails it with the link's error
+            if rec.done:
+                return rec, None
+            op = make_op(rec)
+            op.rec = rec
+            self._ops.append(op)
+        finally:
+            self._busy.release()
+        if self._needs_wake(op, True):
+            self._kick()
+        return None, op
+
     def _kick(self):
         """Make the engine thread (or the caller progressing in its place) look now."""
         self.t.wake()

@@ -1,0 +1,132 @@
+"""isend/irecv that are over within the call: a small send written straight into the
+ring, a receive whose message is already here. Such a call makes no Pending and hands
+nothing to the engine's thread, and it must still be what a posted one is: the bytes
+right, the sender's rank as the result, a size mismatch as the receiver's Desync, the
+flight recorder's entry done, messages in order behind queued ones."""
+import numpy as np
+import pytest
+
+import accord as dist
+from accord.world import resolve_group
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(90)
+
+TRANSPORTS = ["shm", "tcp"]
+
+
+def _last(op):
+    """The flight recorder's latest entry of op on the default group."""
+    entries = [e for e in resolve_group(None).recorder.as_dicts() if e["op"] == op]
+    return entries[-1]
+
+
+def _arrived_first(rank, world, transport):
+    # rank 0's messages are in before rank 1 posts its receives (the barrier)
+    if rank == 0:
+        w = dist.isend(np.arange(3, dtype=np.int64), dst=1, tag=7)
+        at_once = w.is_completed()
+        w.wait()
+        dist.send(np.arange(6, dtype=np.float32) + 10, dst=1, tag=7)
+        dist.send(np.arange(5, dtype=np.int32), dst=1, tag=8)      # one int too many
+        dist.send(np.array([42.0]), dst=1, tag=8)
+        dist.barrier()
+        dist.all_reduce(np.array([1.0]))
+        entry = _last("isend")
+        return at_once, entry["state"], entry["t_end"] is not None, repr(w)
+    dist.barrier()
+    a = np.zeros(3, np.int64)
+    w = dist.irecv(a, src=0, tag=7)
+    at_once = w.is_completed()
+    sender = w.result() if at_once else None
+    w.wait()
+    strided = np.zeros(12, np.float32)
+    ws = dist.irecv(strided[::2], src=0, tag=7)    # received through a staging copy
+    ws.wait()
+    short = np.zeros(4, np.int32)
+    wm = dist.irecv(short, src=0, tag=8)
+    try:
+        wm.wait()
+        mismatch = "no error"
+    except dist.Desync as e:
+        mismatch = str(e)
+    after = np.zeros(1)
+    dist.recv(after, src=0, tag=8)                 # the next message on the tag is intact
+    x = np.array([1.0])
+    dist.all_reduce(x)                             # and the group's collectives still run
+    entry = _last("irecv")
+    return (at_once, sender, w.result(), a.tolist(), strided.tolist(), mismatch,
+            after.tolist(), x.tolist(), entry["state"], "Desync" in (entry["error"] or ""))
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_messages_that_are_in_before_the_receive(transport):
+    out = run_ranks(2, _arrived_first, transport, timeout=40,
+                    env={"ACCORD_TRANSPORT": transport})
+    send_at_once, send_state, send_ended, send_repr = out[0]
+    at_once, sender, result, a, strided, mismatch, after, x, state, failed = out[1]
+    assert (send_state, send_ended) == ("done", True)
+    assert "isend to rank 1" in send_repr and "tag 7" in send_repr
+    if transport == "shm":
+        # over shared memory both sides are over within the call
+        assert send_at_once and at_once and sender == 0
+    assert result == 0
+    assert a == [0, 1, 2]
+    assert strided == [10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15, 0]
+    assert "20 bytes" in mismatch and "16 bytes" in mismatch, mismatch
+    assert after == [42.0] and x == [2.0]
+    assert (state, failed) == ("failed", True)
+
+
+def _behind_a_large_one(rank, world):
+    # a large message queued on the link (the receiver has not posted yet), then small
+    # ones on the same tag: they must not overtake it
+    big = 3 << 20
+    if rank == 0:
+        works = [dist.isend(np.full(big // 8, 5.0), dst=1, tag=1)]
+        works += [dist.isend(np.array([float(i)]), dst=1, tag=1) for i in range(20)]
+        dist.barrier()
+        for w in works:
+            w.wait()
+        return None
+    dist.barrier()
+    first = np.zeros(big // 8)
+    dist.recv(first, src=0, tag=1)
+    small = [np.zeros(1) for _ in range(20)]
+    works = [dist.irecv(s, src=0, tag=1) for s in small]
+    for w in works:
+        assert w.wait() is True
+    return bool((first == 5.0).all()), [s[0] for s in small]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_small_sends_stay_behind_a_queued_large_one(transport):
+    out = run_ranks(2, _behind_a_large_one, timeout=40, env={"ACCORD_TRANSPORT": transport})
+    assert out[1] == (True, [float(i) for i in range(20)])
+
+
+def _batch_halo(rank, world):
+    # a halo exchange through batch_isend_irecv, many rounds: receives listed first
+    left, right = (rank - 1) % world, (rank + 1) % world
+    bad = []
+    for step in range(200):
+        from_left, from_right = np.zeros(4), np.zeros(4)
+        ops = [dist.P2POp(dist.irecv, from_left, left, tag=step),
+               dist.P2POp(dist.irecv, from_right, right, tag=step),
+               dist.P2POp(dist.isend, np.full(4, rank * 1000.0 + step), left, tag=step),
+               dist.P2POp(dist.isend, np.full(4, rank * 1000.0 + step), right, tag=step)]
+        works = dist.batch_isend_irecv(ops)
+        for w in works:
+            w.wait()
+        if from_left[0] != left * 1000 + step or from_right[0] != right * 1000 + step:
+            bad.append(step)
+    return bad, [w.result() for w in works[:2]]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_halo_exchange_of_many_rounds(world, transport):
+    out = run_ranks(world, _batch_halo, timeout=60, env={"ACCORD_TRANSPORT": transport})
+    for rank, (bad, senders) in enumerate(out):
+        assert bad == []
+        assert senders == [(rank - 1) % world, (rank + 1) % world]
