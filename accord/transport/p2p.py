@@ -22,7 +22,9 @@ one sender and one receiver with one tag are never overtaken; a receive with
 no source takes the first message with its tag from any peer and reports the
 sender. Only the holder of the engine's lock touches the plane's links: the
 engine thread, or a caller that finds the engine idle and moves them itself
-(post() starts its operations at once; a thread waiting on its operation
+(post() starts its operations at once, and isend/irecv with a peer start on the
+caller's thread through start_now(), which for a small message is the whole of
+it; a thread waiting on its operation
 progresses the plane, spinning briefly and then sleeping on it as the engine
 does), which saves the thread hand-off on small messages.
 
