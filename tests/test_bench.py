@@ -128,6 +128,23 @@ def test_reduce_scatter_is_timed_when_asked_for_and_verified(tmp_path):
                                                                     "reduce_scatter"}
 
 
+@pytest.mark.timeout(120)
+def test_all_to_all_is_timed_when_asked_for_and_verified(tmp_path):
+    # all_to_all_single beside MPICH's Alltoall and gloo's all_to_all_single, at three
+    # ranks so that every block differs
+    out = tmp_path / "out.csv"
+    libs = [lib for lib, mod in (("mpi", "mpi4py"), ("gloo", "torch"))
+            if importlib.util.find_spec(mod)]
+    p = bench("--quick", "-n", "3", "--ops", "all_to_all", "--sizes", "8,64K",
+              "--csv", str(out), *(["--compare", ",".join(libs)] if libs else []))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "WRONG" not in p.stdout + p.stderr, p.stdout + p.stderr
+    rows = read_csv(out)
+    check_rows(rows, "accord", ["all_to_all"], [8, 65536], world=3)
+    assert {r["lib"] for r in rows} == {"accord", *({"mpi": "mpich"}.get(lib, lib)
+                                                   for lib in libs)}
+
+
 @pytest.mark.timeout(60)
 def test_quick_compare_gloo(tmp_path):
     pytest.importorskip("torch")

@@ -84,7 +84,9 @@ def add_arguments(parser):
     parser.add_argument("--ops", default=",".join(OPS),
                         help=f"ops to time, of {', '.join(ALL_OPS)} (default "
                              f"{','.join(OPS)}; reduce_scatter is reduce_scatter_tensor, "
-                             "each rank's output block SIZE bytes; pingpong and p2p_bw "
+                             "each rank's output block SIZE bytes; all_to_all is "
+                             "all_to_all_single, SIZE bytes from each rank to each; "
+                             "pingpong and p2p_bw "
                              "are point-to-point between ranks 0 and 1)")
     parser.add_argument("--sizes", default=None,
                         help=f"bytes of each rank's float32 tensor, K/M/G binary units "

@@ -33,8 +33,9 @@ from accord.cli.bench_p2p import P2P_OPS, MpiStyle, TorchStyle, messages_per_cal
 PREFIX = "@@accord-bench "
 OPS = ("broadcast", "all_gather", "scatter", "all_reduce")
 # timed only when asked for (--ops): reduce_scatter_tensor (MPI's Reduce_scatter_block),
-# each rank's output block `size` bytes, its input the group size times that
-EXTRA_OPS = ("reduce_scatter",)
+# each rank's output block `size` bytes, its input the group size times that; and
+# all_to_all_single (MPI's Alltoall), `size` bytes from each rank to each rank
+EXTRA_OPS = ("reduce_scatter", "all_to_all")
 ALL_OPS = OPS + EXTRA_OPS + P2P_OPS
 BARRIER_SIZE = 8          # the barrier row is timed with the plan of an 8-byte op
 
@@ -53,14 +54,17 @@ def plan(size, quick=False):
 def bus_factor(op, n):
     """nccl-tests: busbw = algbw * factor."""
     return {"broadcast": 1.0, "all_gather": (n - 1) / n, "scatter": (n - 1) / n,
-            "all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "barrier": 0.0,
+            "all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n,
+            "all_to_all": (n - 1) / n, "barrier": 0.0,
             "pingpong": 1.0, "p2p_bw": 1.0}[op]
 
 
 def algbw_bytes(op, size, world):
-    """nccl-tests' S: the bytes an op is said to move (all_gather/scatter/reduce_scatter:
-    the whole buffer; pingpong/p2p_bw: one message, their latency being per message)."""
-    return size * world if op in ("all_gather", "scatter", "reduce_scatter") else size
+    """nccl-tests' S: the bytes an op is said to move (all_gather/scatter/reduce_scatter/
+    all_to_all: the whole buffer; pingpong/p2p_bw: one message, their latency being per
+    message)."""
+    return size * world if op in ("all_gather", "scatter", "reduce_scatter",
+                                  "all_to_all") else size
 
 
 def _emit(obj):
@@ -73,11 +77,20 @@ def _emit(obj):
 # buffers(size) -> (ops dict, verify() -> bool), p2p(size) -> the same for
 # the point-to-point ops, close().
 
-def _verify(done, rank, x, blocks, y, z, rs):
+def _a2a_input(np, rank, world, numel):
+    """all_to_all's input on rank: the block for rank p holds rank * world + p."""
+    return (rank * world + np.arange(world, dtype=np.float32)).repeat(numel)
+
+
+def _verify(done, rank, x, blocks, y, z, rs, a2a):
     """Whether the buffers hold what the ops in `done` leave there (any library:
     numpy arrays or torch tensors). blocks: all_gather's per-rank results; rs:
-    reduce_scatter's output (its inputs are zeros)."""
+    reduce_scatter's output (its inputs are zeros); a2a: all_to_all's output as one
+    row per sender (its inputs from _a2a_input)."""
     ok = True
+    if "all_to_all" in done:
+        for q in range(len(a2a)):
+            ok &= bool((a2a[q] == q * len(a2a) + rank).all())
     if "reduce_scatter" in done:
         ok &= bool((rs == 0).all())
     if "broadcast" in done:
@@ -119,16 +132,19 @@ class AccordLib:
         y = np.empty(numel, np.float32)
         z = np.zeros(numel, np.float32)
         rs_in, rs = np.zeros(numel * world, np.float32), np.full(numel, -1, np.float32)
+        a2a_in, a2a = _a2a_input(np, rank, world, numel), np.full(numel * world, -1, np.float32)
         ops = {
             "broadcast": lambda: dist.broadcast(x, src=0),
             "all_gather": lambda: dist.all_gather(gl, x),
             "scatter": lambda: dist.scatter(y, sc, src=0),
             "all_reduce": lambda: dist.all_reduce(z, op=dist.ReduceOp.SUM),
             "reduce_scatter": lambda: dist.reduce_scatter_tensor(rs, rs_in),
+            "all_to_all": lambda: dist.all_to_all_single(a2a, a2a_in),
             "barrier": lambda: dist.barrier(),
         }
 
-        return ops, lambda done: _verify(done, rank, x, gl, y, z, rs)
+        return ops, lambda done: _verify(done, rank, x, gl, y, z, rs,
+                                         a2a.reshape(world, numel))
 
     def p2p(self, size):
         return p2p_ops(TorchStyle(self.dist, lambda a: a), self.rank, self.world, size)
@@ -182,16 +198,21 @@ class GlooLib:
         y = torch.empty(numel)
         z = torch.zeros(numel)
         rs_in, rs = torch.zeros(numel * world), torch.full((numel,), -1.0)
+        import numpy as np
+        a2a_in = torch.from_numpy(_a2a_input(np, rank, world, numel))
+        a2a = torch.full((numel * world,), -1.0)
         ops = {
             "broadcast": lambda: dist.broadcast(x, src=0),
             "all_gather": lambda: dist.all_gather(gl, x),
             "scatter": lambda: dist.scatter(y, sc, src=0),
             "all_reduce": lambda: dist.all_reduce(z, op=dist.ReduceOp.SUM),
             "reduce_scatter": lambda: dist.reduce_scatter_tensor(rs, rs_in),
+            "all_to_all": lambda: dist.all_to_all_single(a2a, a2a_in),
             "barrier": lambda: dist.barrier(),
         }
 
-        return ops, lambda done: _verify(done, rank, x, gl, y, z, rs)
+        return ops, lambda done: _verify(done, rank, x, gl, y, z, rs,
+                                         a2a.reshape(world, numel))
 
     def p2p(self, size):
         return p2p_ops(TorchStyle(self.dist, self.torch.from_numpy), self.rank, self.world,
@@ -232,16 +253,19 @@ class MpiLib:
         z = np.zeros(numel, np.float32)
         zr = np.empty(numel, np.float32)
         rs_in, rs = np.zeros(numel * world, np.float32), np.full(numel, -1, np.float32)
+        a2a_in, a2a = _a2a_input(np, rank, world, numel), np.full(numel * world, -1, np.float32)
         ops = {
             "broadcast": lambda: comm.Bcast(x, root=0),
             "all_gather": lambda: comm.Allgather(x, gl),
             "scatter": lambda: comm.Scatter(sc, y, root=0),
             "all_reduce": lambda: comm.Allreduce(z, zr, op=MPI.SUM),
             "reduce_scatter": lambda: comm.Reduce_scatter_block(rs_in, rs, op=MPI.SUM),
+            "all_to_all": lambda: comm.Alltoall(a2a_in, a2a),
             "barrier": lambda: comm.Barrier(),
         }
 
-        return ops, lambda done: _verify(done, rank, x, gl.reshape(world, numel), y, zr, rs)
+        return ops, lambda done: _verify(done, rank, x, gl.reshape(world, numel), y, zr, rs,
+                                         a2a.reshape(world, numel))
 
     def p2p(self, size):
         return p2p_ops(MpiStyle(self.comm, self.MPI), self.rank, self.world, size)
