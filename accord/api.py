@@ -510,6 +510,10 @@ def all_to_all(output_tensor_list: Sequence[Tensor], input_tensor_list: Sequence
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and \
+            lane.all_to_all(output_tensor_list, input_tensor_list, timeout):
+        return None
     if not g.is_member:
         return not_member(g, "all_to_all")
     outs = buf_list(g, output_tensor_list, "output_tensor_list")
@@ -557,6 +561,10 @@ def all_to_all_single(output: Tensor, input: Tensor,
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and \
+            lane.all_to_all_single(output, input, output_split_sizes, input_split_sizes, timeout):
+        return None
     if not g.is_member:
         return not_member(g, "all_to_all_single")
     out = as_buf(output, "output")

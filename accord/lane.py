@@ -38,7 +38,7 @@ from .transport.wire import NO_DTYPE, OP_CODES, Stamp
 
 _BROADCAST, _ALL_REDUCE = OP_CODES["broadcast"], OP_CODES["all_reduce"]
 _ALL_GATHER, _SCATTER, _BARRIER = OP_CODES["all_gather"], OP_CODES["scatter"], OP_CODES["barrier"]
-_REDUCE_SCATTER = OP_CODES["reduce_scatter"]
+_REDUCE_SCATTER, _ALL_TO_ALL = OP_CODES["reduce_scatter"], OP_CODES["all_to_all"]
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
@@ -81,6 +81,24 @@ def _root(g, src, group_src):
     if src.__class__ is int and src in ranks:
         return ranks.index(src)
     return None
+
+
+def _counts(flat, shape, sizes, n):
+    """Element counts of n consecutive blocks of flat along its shape's first dimension,
+    as args.split_counts makes them (equal splits where sizes is None or empty, else
+    sizes rows each); None where that would raise, or sizes are not plain ints."""
+    rows = shape[0] if shape else 1
+    per_row = flat.size // rows if rows else 0
+    if sizes is None or sizes.__class__ in (list, tuple) and not sizes:
+        return None if rows % n else [rows // n * per_row] * n
+    if sizes.__class__ not in (list, tuple) or len(sizes) != n:
+        return None
+    for k in sizes:
+        if k.__class__ is not int or k < 0:
+            return None
+    if sum(sizes) != rows:
+        return None
+    return [k * per_row for k in sizes]
 
 
 class Lane:
@@ -250,6 +268,54 @@ class Lane:
         return self._run(_SCATTER, "scatter", root, known, 0, -1, shape, timeout, _scatter,
                          flat, (blocks, root))
 
+    def all_to_all_single(self, out, inp, out_sizes, in_sizes, timeout):
+        """all_to_all_single of two plain tensors that do not overlap, split as the api
+        splits them (equal, or by lists of ints): the blocks are views of each."""
+        g = self.g
+        p = _plain(out, True)
+        q = _plain(inp, False)
+        if p is None or q is None or p[1][0] != q[1][0]:
+            return False
+        flat, known, shape = p
+        src = q[0]
+        oc = _counts(flat, shape, out_sizes, g.size)
+        ic = _counts(src, q[2], in_sizes, g.size)
+        if oc is None or ic is None or oc[g.rank] != ic[g.rank] or \
+                np.may_share_memory(flat, src):
+            return False
+        # the stamp's count is -1, as the api's: the blocks may differ in size
+        return self._run(_ALL_TO_ALL, "all_to_all", -1, known, 0, -1, shape, timeout,
+                         _all_to_all, split(flat, oc), split(src, ic))
+
+    def all_to_all(self, outs, ins, timeout):
+        """all_to_all of two lists of plain tensors, one per rank, of one dtype (each
+        pair of blocks sized as its peer's; this rank's own pair alike)."""
+        g = self.g
+        n = g.size
+        if outs.__class__ is not list or ins.__class__ is not list or len(outs) != n or \
+                len(ins) != n:
+            return False
+        first = _plain(outs[0], True)
+        if first is None:
+            return False
+        known, shape = first[1], first[2]
+        out_blocks, in_blocks = [first[0]], []
+        for o in outs[1:]:
+            b = _plain(o, True)
+            if b is None or b[1][0] != known[0]:
+                return False
+            out_blocks.append(b[0])
+        for x in ins:
+            b = _plain(x, False)
+            if b is None or b[1][0] != known[0]:
+                return False
+            in_blocks.append(b[0])
+        if out_blocks[g.rank].nbytes != in_blocks[g.rank].nbytes or \
+                np.may_share_memory(out_blocks[g.rank], in_blocks[g.rank]):
+            return False
+        return self._run(_ALL_TO_ALL, "all_to_all", -1, known, 0, -1, shape, timeout,
+                         _all_to_all, out_blocks, in_blocks)
+
     def barrier(self, timeout):
         return self._run(_BARRIER, "barrier", -1, None, 0, 0, None, timeout, _barrier, None,
                          None)
@@ -290,6 +356,14 @@ def _scatter(c, g, mine, shards):
         def own():
             copy_into(mine, blocks[root])
     rooted.scatter(c, mine, blocks, root, own)
+
+
+def _all_to_all(c, g, outs, ins):
+    r = c.rank
+
+    def own():
+        copy_into(outs[r], ins[r])
+    rooted.all_to_all(c, outs, ins, own)
 
 
 def _barrier(c, g, a, b):

@@ -379,3 +379,87 @@ def test_torch_tensors_on_the_lane_beside_the_general_path():
         # rank 0: every call on the lane (its bfloat16 ones too); rank 1: its strided views
         # went the api's way, its broadcast and its contiguous bfloat16 AVG the lane's
         assert taken == ([True] * 4 if rank == 0 else [True, True]), taken
+
+
+def _all_to_all_mixed(rank, world, rows, uneven):
+    """all_to_all_single and all_to_all on the lane on rank 0 (twice: the input stays
+    as it was) and on the general path elsewhere (strided outputs, async_op=True);
+    uneven: rank r sends r + p + 1 rows of 2 int64 to rank p."""
+    taken = _spy_on_lane()
+    if uneven:
+        send = [rank + p + 1 for p in range(world)]
+        recv = [q + rank + 1 for q in range(world)]
+    else:
+        send = recv = [rows // world] * world
+    inp = np.concatenate([np.full((k, 2), 100 * rank + p, np.int64)
+                          for p, k in enumerate(send)])
+    before = inp.copy()
+    results = []
+    for _ in range(2):
+        sizes = (recv, send) if uneven else (None, None)
+        if rank == 0:
+            out = np.full((sum(recv), 2), -1, np.int64)
+            accord.all_to_all_single(out, inp, *sizes)
+        else:
+            out = _general(np.full(sum(recv) * 2, -1, np.int64)).reshape(sum(recv), 2)
+            accord.all_to_all_single(out, inp, *sizes, async_op=True).wait()
+        results.append(np.array(out)[:, 0].tolist())
+    ins = [np.full(3 + p, 10 * rank + p, np.float64) for p in range(world)]
+    if rank == 0:
+        outs = [np.zeros(3 + rank, np.float64) for _ in range(world)]
+        accord.all_to_all(outs, ins)
+    else:
+        outs = [_general(np.zeros(3 + rank, np.float64)) for _ in range(world)]
+        accord.all_to_all(outs, ins, async_op=True).wait()
+    lists = [np.array(o).tolist() for o in outs]
+    g = resolve_group(None)
+    recorded = [e[1] for e in list(g.recorder.entries)[-3:]]
+    return results, bool(np.array_equal(inp, before)), lists, recorded, recv, taken
+
+
+@pytest.mark.parametrize("world,rows,uneven", [(2, 2, False), (3, 6, False), (3, 0, True),
+                                               (4, 8000, False)])
+def test_all_to_all_on_the_lane_beside_the_general_path(world, rows, uneven):
+    for rank, (results, untouched, lists, recorded, recv, taken) in enumerate(
+            run_ranks(world, _all_to_all_mixed, rows, uneven)):
+        want = [100 * q + rank for q, k in enumerate(recv) for _ in range(k)]
+        assert results == [want, want]
+        assert untouched
+        assert lists == [[10.0 * q + rank] * (3 + rank) for q in range(world)]
+        assert recorded == ["all_to_all"] * 3
+        assert taken == ([True] * 3 if rank == 0 else []), taken
+
+
+def _all_to_all_bad(rank, world):
+    taken = _spy_on_lane()
+    errors = []
+    x = np.zeros(4, np.float32)
+    for call in (lambda: accord.all_to_all_single(np.zeros(3, np.float32), x),
+                 lambda: accord.all_to_all_single(np.zeros(4, np.float64), x),
+                 lambda: accord.all_to_all_single(np.zeros(4, np.float32), x, [1, 3], [3, 1]),
+                 lambda: accord.all_to_all_single(np.zeros(4, np.float32), x, [2, 2.0]),
+                 lambda: accord.all_to_all([np.zeros(2, np.float32)] * 2,
+                                           [np.zeros(3, np.float32)] * 2)):
+        try:
+            call()
+            errors.append("no error")
+        except (ValueError, TypeError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    out = np.zeros(4, np.float32)
+    accord.all_to_all_single(out, np.full(4, rank + 1, np.float32))
+    return errors, out.tolist(), taken
+
+
+def test_all_to_all_bad_input_is_the_apis_error():
+    for rank, (errors, out, taken) in enumerate(run_ranks(2, _all_to_all_bad)):
+        assert errors[0].startswith("ValueError: output: first dimension 3 is not divisible"), \
+            errors[0]
+        assert errors[1].startswith("TypeError:"), errors[1]
+        assert errors[2].startswith("ValueError: output_split_sizes/input_split_sizes: this "
+                                    f"rank keeps {[3, 1][rank]} elements"), errors[2]
+        # a float split size is what torch would take too (the api's int()): the lane
+        # declines it and the api runs the call
+        assert errors[3] == "no error", errors[3]
+        assert errors[4].startswith("ValueError:"), errors[4]
+        assert out == [1.0, 1.0, 2.0, 2.0]
+        assert taken == [True], taken       # the bad calls declined before they ran
