@@ -384,11 +384,14 @@ def test_torch_tensors_on_the_lane_beside_the_general_path():
 def _all_to_all_mixed(rank, world, rows, uneven):
     """all_to_all_single and all_to_all on the lane on rank 0 (twice: the input stays
     as it was) and on the general path elsewhere (strided outputs, async_op=True);
-    uneven: rank r sends r + p + 1 rows of 2 int64 to rank p."""
+    uneven: splits of rows of 2 int64 that differ by pair."""
     taken = _spy_on_lane()
     if uneven:
-        send = [rank + p + 1 for p in range(world)]
-        recv = [q + rank + 1 for q in range(world)]
+        # counts[r][p]: rows from rank r to rank p (none from rank 1 to rank 0 at world 2)
+        counts = [[1, 2], [0, 3]] if world == 2 else \
+            [[r + p + 1 for p in range(world)] for r in range(world)]
+        send = counts[rank]
+        recv = [counts[q][rank] for q in range(world)]
     else:
         send = recv = [rows // world] * world
     inp = np.concatenate([np.full((k, 2), 100 * rank + p, np.int64)
@@ -417,8 +420,8 @@ def _all_to_all_mixed(rank, world, rows, uneven):
     return results, bool(np.array_equal(inp, before)), lists, recorded, recv, taken
 
 
-@pytest.mark.parametrize("world,rows,uneven", [(2, 2, False), (3, 6, False), (3, 0, True),
-                                               (4, 8000, False)])
+@pytest.mark.parametrize("world,rows,uneven", [(2, 2, False), (2, 0, True), (3, 6, False),
+                                               (3, 0, True), (4, 8000, False)])
 def test_all_to_all_on_the_lane_beside_the_general_path(world, rows, uneven):
     for rank, (results, untouched, lists, recorded, recv, taken) in enumerate(
             run_ranks(world, _all_to_all_mixed, rows, uneven)):

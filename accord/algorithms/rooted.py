@@ -26,6 +26,9 @@ def all_to_all(c, out_blocks, in_blocks, meanwhile=None):
     """out_blocks[p] <- rank p's in_blocks[me]; meanwhile (copying this rank's own
     block) runs while the others' move, where the transport allows."""
     r, n = c.rank, c.size
+    if n == 2:
+        c.swap(1 - r, in_blocks[1 - r], out_blocks[1 - r], meanwhile)
+        return
     order = [(r + s) % n for s in range(1, n)]
     c.exchange(sends=[(p, in_blocks[p]) for p in order],
                recvs=[(p, out_blocks[p]) for p in order], meanwhile=meanwhile)
