@@ -217,6 +217,10 @@ def gather(tensor: Tensor, gather_list: Optional[Sequence[Tensor]] = None,
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and \
+            lane.gather(tensor, gather_list, dst, group_dst, timeout):
+        return None
     if not g.is_member:
         return not_member(g, "gather")
     root = root_rank(g, dst, group_dst, "dst")

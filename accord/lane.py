@@ -39,6 +39,7 @@ from .transport.wire import NO_DTYPE, OP_CODES, Stamp
 _BROADCAST, _ALL_REDUCE = OP_CODES["broadcast"], OP_CODES["all_reduce"]
 _ALL_GATHER, _SCATTER, _BARRIER = OP_CODES["all_gather"], OP_CODES["scatter"], OP_CODES["barrier"]
 _REDUCE_SCATTER, _ALL_TO_ALL = OP_CODES["reduce_scatter"], OP_CODES["all_to_all"]
+_GATHER = OP_CODES["gather"]
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
@@ -268,6 +269,33 @@ class Lane:
         return self._run(_SCATTER, "scatter", root, known, 0, -1, shape, timeout, _scatter,
                          flat, (blocks, root))
 
+    def gather(self, tensor, outs, dst, group_dst, timeout):
+        g = self.g
+        root = _root(g, dst, group_dst)
+        if root is None:
+            return False
+        p = _plain(tensor, False)
+        if p is None:
+            return False
+        flat, known, shape = p
+        blocks = None
+        if g.rank == root:
+            if outs.__class__ is not list or len(outs) != g.size:
+                return False
+            blocks = []
+            for x in outs:
+                b = _plain(x, True)
+                if b is None or b[1][0] != known[0]:
+                    return False
+                blocks.append(b[0])
+            if blocks[root].nbytes != flat.nbytes:
+                return False
+        elif outs is not None:
+            return False            # None or empty off the root: the api checks which
+        # the stamp's count is -1, as the api's: the ranks' tensors may differ in size
+        return self._run(_GATHER, "gather", root, known, 0, -1, shape, timeout, _gather,
+                         flat, (blocks, root))
+
     def all_to_all_single(self, out, inp, out_sizes, in_sizes, timeout):
         """all_to_all_single of two plain tensors that do not overlap, split as the api
         splits them (equal, or by lists of ints): the blocks are views of each."""
@@ -356,6 +384,13 @@ def _scatter(c, g, mine, shards):
         def own():
             copy_into(mine, blocks[root])
     rooted.scatter(c, mine, blocks, root, own)
+
+
+def _gather(c, g, mine, blocks_root):
+    blocks, root = blocks_root
+    if blocks is not None:
+        copy_into(blocks[root], mine)
+    rooted.gather(c, mine, blocks, root)
 
 
 def _all_to_all(c, g, outs, ins):

@@ -466,3 +466,39 @@ def test_all_to_all_bad_input_is_the_apis_error():
         assert errors[4].startswith("ValueError:"), errors[4]
         assert out == [1.0, 1.0, 2.0, 2.0]
         assert taken == [True], taken       # the bad calls declined before they ran
+
+
+def _gather_mixed(rank, world, root):
+    """gather on the lane on even ranks, on the general path on odd ones (a strided
+    input, or async_op=True on the root), the blocks of different sizes."""
+    taken = _spy_on_lane()
+    mine = np.arange(2 + rank, dtype=np.int32) + 10 * rank
+    on_lane = rank % 2 == 0
+    outs = None
+    if rank == root:
+        outs = [np.full(2 + p, -1, np.int32) for p in range(world)]
+        if on_lane:
+            accord.gather(mine, outs, dst=root)
+        else:
+            accord.gather(mine, outs, dst=root, async_op=True).wait()
+    else:
+        accord.gather(mine if on_lane else _general(mine), dst=root)
+    got = [o.tolist() for o in outs] if outs is not None else None
+    errors = []
+    if rank == root:
+        try:                          # the root's own block of the wrong size
+            accord.gather(mine, [np.zeros(9, np.int32)] * world, dst=root)
+        except ValueError as e:
+            errors.append(str(e))
+    return got, errors, taken
+
+
+@pytest.mark.parametrize("world,root", [(2, 0), (3, 1), (4, 2)])
+def test_gather_on_the_lane_beside_the_general_path(world, root):
+    for rank, (got, errors, taken) in enumerate(run_ranks(world, _gather_mixed, root)):
+        if rank == root:
+            assert got == [(np.arange(2 + p) + 10 * p).tolist() for p in range(world)]
+            assert len(errors) == 1 and "gather_list" in errors[0], errors
+        else:
+            assert got is None
+        assert taken == ([True] if rank % 2 == 0 else []), taken
