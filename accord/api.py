@@ -678,7 +678,8 @@ def _p2p_work(g, opname, is_send, peer, tag, view, finish, timeout):
     if op.__class__ is not Pending:
         # over already: its Work needs its description only for repr()
         return Work(op, lambda: f"{opname} {'to' if is_send else 'from'} "
-                    f"{g.describe_rank(peer)} (tag {tag}, {len(view)} bytes, group {g.name!r})")
+                    f"{'any rank' if peer is None else g.describe_rank(peer)} (tag {tag}, "
+                    f"{len(view)} bytes, group {g.name!r})")
     return Work(op, lambda: op.desc, waiter=g.p2p.wait)
 
 

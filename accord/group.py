@@ -161,34 +161,28 @@ class ProcessGroup:
         sender's global rank for a receive, None for a send.
 
         Where this group has nothing else posted, it runs on the caller's thread
-        (the engine's try_now); otherwise, or once it has to wait longer than a short
-        spin, it is the engine's like any posted operation."""
+        (the engine's try_now, or take_any for a receive from any rank); otherwise,
+        or once it has to wait longer than a short spin, it is the engine's like any
+        posted operation."""
         self.check_open()
         eng = self.p2p
-        if eng is None or peer is None:
+        if eng is None:
             op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish)
-            self.post_p2p([op])
-            self.p2p.wait(op)
-            return op.result()
+            self.post_p2p([op])          # raises: no other rank in the group
         entry = self.p2p_entry(opname, peer, len(view))
-        try:
-            rec, op = eng.try_now(is_send, peer, view, tag, eng.spin_s, lambda rec: self.p2p_op(
-                opname, is_send, peer, view, tag, timeout, finish, entry))
-        except AccordError as e:
-            entry[debug.STATE] = debug.FAILED
-            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
-            self.check_open()        # a broken group says why
-            raise
+        op = None
+        if peer is None:
+            rec = self._p2p_try(entry, lambda: eng.take_any(view, tag, eng.spin_s))
+        else:
+            rec, op = self._p2p_try(entry, lambda: eng.try_now(
+                is_send, peer, view, tag, eng.spin_s, lambda rec: self.p2p_op(
+                    opname, is_send, peer, view, tag, timeout, finish, entry)))
         if rec is not None:
-            entry[debug.T_END] = time.time()
-            if not is_send and rec.error is not None:
-                entry[debug.STATE] = debug.FAILED
-                entry[debug.ERROR] = f"{type(rec.error).__name__}: {rec.error}"
-                raise rec.error
-            entry[debug.STATE] = debug.DONE
-            if finish is not None:
-                finish()
-            return None if is_send else self.ranks[peer]
+            value, err = self._p2p_over(entry, is_send, rec, finish,
+                                        peer if peer is not None else rec.peer)
+            if err is not None:
+                raise err
+            return value
         if op is None:
             op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish, entry)
             self.post_p2p([op])
@@ -199,30 +193,50 @@ class ProcessGroup:
         """An isend or irecv (peer: group rank, or None for any source), started: the
         Outcome that tells its end (the sender's global rank for a receive).
 
-        Where the engine lets the caller start it (Engine.start_now), a small send
-        written into the ring or a receive whose message was here is over within
-        the call, with no Pending and no hand-off to the engine's thread."""
+        Where the engine lets the caller start it (Engine.start_now, take_any), a
+        small send written into the ring or a receive whose message was here is over
+        within the call, with no Pending and no hand-off to the engine's thread."""
         eng = self.p2p
-        if eng is None or peer is None:
+        if eng is None:
             op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish)
-            self.post_p2p([op])
-            return op
+            self.post_p2p([op])          # raises: no other rank in the group
         self.check_open()
         entry = self.p2p_entry(opname, peer, len(view))
-        try:
-            rec, op = eng.start_now(is_send, peer, view, tag, lambda rec: self.p2p_op(
-                opname, is_send, peer, view, tag, timeout, finish, entry))
-        except AccordError as e:
-            entry[debug.STATE] = debug.FAILED
-            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
-            self.check_open()        # a broken group says why
-            raise
+        op = None
+        if peer is None:
+            rec = self._p2p_try(entry, lambda: eng.take_any(view, tag, 0.0))
+        else:
+            rec, op = self._p2p_try(entry, lambda: eng.start_now(
+                is_send, peer, view, tag, lambda rec: self.p2p_op(
+                    opname, is_send, peer, view, tag, timeout, finish, entry)))
         if op is not None:
             return op
         if rec is None:
             op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish, entry)
             self.post_p2p([op])
             return op
+        value, err = self._p2p_over(entry, is_send, rec, finish,
+                                    peer if peer is not None else rec.peer)
+        if err is not None:
+            return Outcome.settled(exc=err)
+        return _SENT if is_send else Outcome.settled(value)
+
+    def _p2p_try(self, entry, attempt):
+        """attempt(): the engine's try_now, start_now or take_any; a failure of the link
+        is recorded in the flight recorder's entry and raised (a broken group says
+        why)."""
+        try:
+            return attempt()
+        except AccordError as e:
+            entry[debug.STATE] = debug.FAILED
+            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
+            self.check_open()
+            raise
+
+    def _p2p_over(self, entry, is_send, rec, finish, sender):
+        """An operation over on the caller's thread (rec: its record; sender: the group
+        rank a receive took its message from): (its value, its error or None), the
+        flight recorder's entry closed either way."""
         entry[debug.T_END] = time.time()
         err = None if is_send else rec.error
         if err is None and finish is not None:
@@ -233,9 +247,9 @@ class ProcessGroup:
         if err is not None:
             entry[debug.STATE] = debug.FAILED
             entry[debug.ERROR] = f"{type(err).__name__}: {err}"
-            return Outcome.settled(exc=err)
+            return None, err
         entry[debug.STATE] = debug.DONE
-        return _SENT if is_send else Outcome.settled(self.ranks[peer])
+        return (None if is_send else self.ranks[sender]), None
 
     def post_p2p(self, ops):
         """Start point-to-point operations (in order); each one's future tells its end."""

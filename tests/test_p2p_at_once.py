@@ -130,3 +130,50 @@ def test_a_halo_exchange_of_many_rounds(world, transport):
     for rank, (bad, senders) in enumerate(out):
         assert bad == []
         assert senders == [(rank - 1) % world, (rank + 1) % world]
+
+
+def _any_source_here(rank, world, transport):
+    # rank 0 receives from any rank messages that are in before it asks: one kept in
+    # the stash (read past to reach a later message of rank 1), one in rank 2's ring
+    if rank == 1:
+        dist.send(np.array([1.5]), dst=0, tag=5)
+        dist.send(np.array([9.0]), dst=0, tag=6)
+        dist.send(np.arange(3, dtype=np.int32), dst=0, tag=7)     # 12 bytes
+        dist.send(np.array([9.0]), dst=0, tag=6)
+    elif rank == 2:
+        dist.send(np.array([2.5]), dst=0, tag=5)
+    dist.barrier()
+    if rank != 0:
+        dist.barrier()
+        return None
+    dist.recv(np.zeros(1), src=1, tag=6)          # reads past rank 1's tag 5 message
+    dist.recv(np.zeros(1), src=1, tag=6)          # ... and past its tag 7 one
+    got = []
+    b = np.zeros(1)
+    sender = dist.recv(b, tag=5)                  # rank 1's (stashed) or rank 2's
+    got.append((sender, b[0]))
+    w = dist.irecv(b, tag=5)                      # the other
+    at_once = w.is_completed()
+    w.wait()
+    got.append((w.result(), b[0]))
+    try:
+        dist.recv(np.zeros(1), tag=7)             # 8 bytes asked, 12 sent
+        mismatch = "no error"
+    except dist.Desync as e:
+        mismatch = str(e)
+    dist.barrier()
+    return got, at_once, mismatch, "from any rank" in repr(w)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_receive_from_any_rank_takes_what_is_here(transport):
+    out = run_ranks(3, _any_source_here, transport, timeout=40,
+                    env={"ACCORD_TRANSPORT": transport})
+    got, at_once, mismatch, described = out[0]
+    # each receive reports the sender of what it took (which comes first between two
+    # senders is not defined, as in MPI)
+    assert sorted(got) == [(1, 1.5), (2, 2.5)]
+    if transport == "shm":
+        assert at_once
+    assert "12 bytes" in mismatch and "8 bytes" in mismatch, mismatch
+    assert described

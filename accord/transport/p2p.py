@@ -250,6 +250,40 @@ class Engine:
             self._kick()
         return None, op
 
+    def take_any(self, view, tag, spin_s):
+        """A receive from any peer with tag into view, done on the caller's thread where
+        nothing else is posted on this group: a message already here (in a link's
+        stash first, where it waits longest, else whole at the head of a ring) is
+        taken, spinning up to spin_s for one to come. Returns its record (its peer
+        the sender; it may carry an error: a stashed message of another size), or None:
+        nothing taken and nothing changed, so post the receive (the engine then
+        matches it as any other)."""
+        if self._thread is None:
+            self._start_thread()     # it drains what peers send, whoever waits for it
+        if not self._busy.acquire(blocking=False):
+            return None
+        try:
+            if self._ops or self._inbox or self._closed is not None:
+                return None
+            t = self.t
+            links = [(p, link) for p, link in t.links.items() if p not in self._gone]
+            for p, link in links:
+                if link.stash:
+                    r = Recv(p, view, tag=tag)
+                    if link.take_stashed(r):
+                        return r
+            end = time.perf_counter() + spin_s
+            while True:
+                for p, link in links:
+                    if t.take_now(p, view, tag):
+                        r = Recv(p, view, tag=tag)
+                        r.done = True
+                        return r
+                if time.perf_counter() >= end:
+                    return None
+        finally:
+            self._busy.release()
+
     def _kick(self):
         """Make the engine thread (or the caller progressing in its place) look now."""
         self.t.wake()
