@@ -171,12 +171,15 @@ class ProcessGroup:
             self.post_p2p([op])          # raises: no other rank in the group
         entry = self.p2p_entry(opname, peer, len(view))
         op = None
-        if peer is None:
-            rec = self._p2p_try(entry, lambda: eng.take_any(view, tag, eng.spin_s))
-        else:
-            rec, op = self._p2p_try(entry, lambda: eng.try_now(
-                is_send, peer, view, tag, eng.spin_s, lambda rec: self.p2p_op(
-                    opname, is_send, peer, view, tag, timeout, finish, entry)))
+        try:
+            if peer is None:
+                rec = eng.take_any(view, tag, eng.spin_s)
+            else:
+                rec, op = eng.try_now(is_send, peer, view, tag, eng.spin_s, lambda rec: self.p2p_op(
+                    opname, is_send, peer, view, tag, timeout, finish, entry))
+        except AccordError as e:
+            self._p2p_failed(entry, e)
+            raise
         if rec is not None:
             value, err = self._p2p_over(entry, is_send, rec, finish,
                                         peer if peer is not None else rec.peer)
@@ -203,12 +206,15 @@ class ProcessGroup:
         self.check_open()
         entry = self.p2p_entry(opname, peer, len(view))
         op = None
-        if peer is None:
-            rec = self._p2p_try(entry, lambda: eng.take_any(view, tag, 0.0))
-        else:
-            rec, op = self._p2p_try(entry, lambda: eng.start_now(
-                is_send, peer, view, tag, lambda rec: self.p2p_op(
-                    opname, is_send, peer, view, tag, timeout, finish, entry)))
+        try:
+            if peer is None:
+                rec = eng.take_any(view, tag, 0.0)
+            else:
+                rec, op = eng.start_now(is_send, peer, view, tag, lambda rec: self.p2p_op(
+                    opname, is_send, peer, view, tag, timeout, finish, entry))
+        except AccordError as e:
+            self._p2p_failed(entry, e)
+            raise
         if op is not None:
             return op
         if rec is None:
@@ -221,17 +227,12 @@ class ProcessGroup:
             return Outcome.settled(exc=err)
         return _SENT if is_send else Outcome.settled(value)
 
-    def _p2p_try(self, entry, attempt):
-        """attempt(): the engine's try_now, start_now or take_any; a failure of the link
-        is recorded in the flight recorder's entry and raised (a broken group says
-        why)."""
-        try:
-            return attempt()
-        except AccordError as e:
-            entry[debug.STATE] = debug.FAILED
-            entry[debug.ERROR] = f"{type(e).__name__}: {e}"
-            self.check_open()
-            raise
+    def _p2p_failed(self, entry, exc):
+        """The link failed under the engine's try_now, start_now or take_any: recorded in
+        the flight recorder's entry; a broken group raises why instead."""
+        entry[debug.STATE] = debug.FAILED
+        entry[debug.ERROR] = f"{type(exc).__name__}: {exc}"
+        self.check_open()
 
     def _p2p_over(self, entry, is_send, rec, finish, sender):
         """An operation over on the caller's thread (rec: its record; sender: the group
