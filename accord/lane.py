@@ -102,6 +102,24 @@ def _counts(flat, shape, sizes, n):
     return [k * per_row for k in sizes]
 
 
+def _root_blocks(g, root, items, known, writable, nbytes):
+    """A rooted call's per-rank list (scatter's inputs, gather's outputs): on the root
+    the plain arrays of known's dtype (each nbytes long, where nbytes is given), None
+    off it; False where the api must look (or raise): anything else on the root, or
+    anything but None off it (an empty list too: the api checks which it allows)."""
+    if g.rank != root:
+        return None if items is None else False
+    if items.__class__ is not list or len(items) != g.size:
+        return False
+    blocks = []
+    for x in items:
+        b = _plain(x, writable)
+        if b is None or b[1][0] != known[0] or nbytes is not None and b[0].nbytes != nbytes:
+            return False
+        blocks.append(b[0])
+    return blocks
+
+
 class Lane:
     """The lean path of one group (see the module's text); made with its links."""
     __slots__ = ("g", "_reducible")
@@ -252,19 +270,9 @@ class Lane:
         if p is None:
             return False
         flat, known, shape = p
-        n = flat.nbytes
-        blocks = None
-        if g.rank == root:
-            if ins.__class__ is not list or len(ins) != g.size:
-                return False
-            blocks = []
-            for x in ins:
-                b = _plain(x, False)
-                if b is None or b[1][0] != known[0] or b[0].nbytes != n:
-                    return False
-                blocks.append(b[0])
-        elif ins is not None:
-            return False            # None or empty off the root: the api checks which
+        blocks = _root_blocks(g, root, ins, known, False, flat.nbytes)
+        if blocks is False:
+            return False
         # the stamp's count is -1, as the api's: a scatter's shards may differ in size
         return self._run(_SCATTER, "scatter", root, known, 0, -1, shape, timeout, _scatter,
                          flat, (blocks, root))
@@ -278,20 +286,9 @@ class Lane:
         if p is None:
             return False
         flat, known, shape = p
-        blocks = None
-        if g.rank == root:
-            if outs.__class__ is not list or len(outs) != g.size:
-                return False
-            blocks = []
-            for x in outs:
-                b = _plain(x, True)
-                if b is None or b[1][0] != known[0]:
-                    return False
-                blocks.append(b[0])
-            if blocks[root].nbytes != flat.nbytes:
-                return False
-        elif outs is not None:
-            return False            # None or empty off the root: the api checks which
+        blocks = _root_blocks(g, root, outs, known, True, None)
+        if blocks is False or blocks is not None and blocks[root].nbytes != flat.nbytes:
+            return False
         # the stamp's count is -1, as the api's: the ranks' tensors may differ in size
         return self._run(_GATHER, "gather", root, known, 0, -1, shape, timeout, _gather,
                          flat, (blocks, root))

@@ -192,9 +192,7 @@ class Engine:
                         os.sched_yield()
             if rec.done:
                 return rec, None
-            op = make_op(rec)
-            op.rec = rec
-            self._ops.append(op)
+            op = self._adopt(make_op, rec)
         finally:
             self._busy.release()
         self._kick()
@@ -241,14 +239,20 @@ class Engine:
                         return None, None        # post() fails it with the link's error
             if rec.done:
                 return rec, None
-            op = make_op(rec)
-            op.rec = rec
-            self._ops.append(op)
+            op = self._adopt(make_op, rec)
         finally:
             self._busy.release()
         if self._needs_wake(op, True):
             self._kick()
         return None, op
+
+    def _adopt(self, make_op, rec):
+        """(Under _busy.) The Pending make_op(rec) builds for an operation a caller
+        started (rec: its record), taken on by the engine as it is."""
+        op = make_op(rec)
+        op.rec = rec
+        self._ops.append(op)
+        return op
 
     def take_any(self, view, tag, spin_s):
         """A receive from any peer with tag into view, done on the caller's thread where
