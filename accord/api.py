@@ -308,6 +308,9 @@ def reduce(tensor: Tensor, dst: Optional[int] = None, op: ReduceOp = ReduceOp.SU
            group_dst: Optional[int] = None, timeout: Timeout = None) -> Optional[Work]:
     """The collective behind `accord.reduce`: see `accord.reduce`."""
     g = resolve_group(group)
+    lane = g.lane
+    if lane is not None and not async_op and lane.reduce(tensor, op, dst, group_dst, timeout):
+        return None
     if not g.is_member:
         return not_member(g, "reduce")
     root = root_rank(g, dst, group_dst, "dst")

@@ -32,14 +32,14 @@ from .debug.callsite import call_site
 from .debug.groups import on_main_thread
 from .debug.recorder import DONE, RUNNING, STATE, T_END, T_START
 from .localcopy import copy_into
-from .plans import reduce_scatter_moves
+from .plans import reduce_moves, reduce_scatter_moves
 from .reduceops import ReduceOp, check_op
 from .transport.wire import NO_DTYPE, OP_CODES, Stamp
 
 _BROADCAST, _ALL_REDUCE = OP_CODES["broadcast"], OP_CODES["all_reduce"]
 _ALL_GATHER, _SCATTER, _BARRIER = OP_CODES["all_gather"], OP_CODES["scatter"], OP_CODES["barrier"]
 _REDUCE_SCATTER, _ALL_TO_ALL = OP_CODES["reduce_scatter"], OP_CODES["all_to_all"]
-_GATHER = OP_CODES["gather"]
+_GATHER, _REDUCE = OP_CODES["gather"], OP_CODES["reduce"]
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
@@ -210,6 +210,18 @@ class Lane:
         return self._run(_ALL_REDUCE, "all_reduce", -1, known, int(op), flat.nbytes, shape,
                          timeout, _all_reduce, flat, (op, known[0] == BF16_CODE))
 
+    def reduce(self, tensor, op, dst, group_dst, timeout):
+        g = self.g
+        root = _root(g, dst, group_dst)
+        p = _plain(tensor, True)
+        if root is None or p is None or op.__class__ is not ReduceOp:
+            return False
+        flat, known, shape = p
+        if not self._reducible_by(op, flat, known):
+            return False
+        return self._run(_REDUCE, "reduce", root, known, int(op), flat.nbytes, shape, timeout,
+                         _reduce, flat, (root, op, known[0] == BF16_CODE))
+
     def all_gather(self, outs, tensor, timeout):
         g = self.g
         p = _plain(tensor, False)
@@ -357,6 +369,11 @@ def _all_reduce(c, g, arr, op_bf16):
     op, bf16 = op_bf16
     e = entry("all_reduce", arr.nbytes, c, g.options.algorithms)
     e.fn(c, arr, op, bf16, g.scratch(arr.dtype, e.scratch(arr.size, c.size, arr.itemsize)))
+
+
+def _reduce(c, g, arr, root_op_bf16):
+    root, op, bf16 = root_op_bf16
+    reduce_moves(c, g, arr, root, op, bf16)
 
 
 def _all_gather(c, g, blocks, mine):

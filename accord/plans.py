@@ -67,18 +67,24 @@ def reduce_run(g, buf, root, op, in_place=False):
     non-root's buf may be used as scratch (it is overwritten afterwards anyway)."""
     def body(c):
         if c is not None:
-            # non-root inputs stay untouched, as NCCL leaves them: a leaf of the tree
-            # sends its input as it is, a non-root that receives reduces it with its
-            # first child's part into a new array (never copying it first)
-            arr = buf.arr
-            tmp = g.scratch(arr.dtype, min(buf.numel, piece_elems(buf.itemsize)))
-            if c.rank == root or in_place:
-                tree_reduce(c, arr, root, op, buf.is_bf16, tmp)
-            elif has_children(c.size, c.rank, root):
-                tree_reduce(c, np.empty_like(arr), root, op, buf.is_bf16, tmp, src=arr)
-            else:
-                tree_reduce(c, arr, root, op, buf.is_bf16, tmp)
+            reduce_moves(c, g, buf.arr, root, op, buf.is_bf16, in_place)
     return body, stamp(buf, root, op, buf.nbytes)
+
+
+def reduce_moves(c, g, arr, root, op, is_bf16, in_place=False):
+    """Reduce arr (flat) to root over c, into the root's arr (the api's call and the
+    lean path's); in_place: as reduce_run's.
+
+    Non-root inputs stay untouched, as NCCL leaves them: a leaf of the tree sends
+    its input as it is, a non-root that receives reduces it with its first child's
+    part into a new array (never copying it first)."""
+    tmp = g.scratch(arr.dtype, min(arr.size, piece_elems(arr.itemsize)))
+    if c.rank == root or in_place:
+        tree_reduce(c, arr, root, op, is_bf16, tmp)
+    elif has_children(c.size, c.rank, root):
+        tree_reduce(c, np.empty_like(arr), root, op, is_bf16, tmp, src=arr)
+    else:
+        tree_reduce(c, arr, root, op, is_bf16, tmp)
 
 
 def all_reduce_run(g, buf, op, finish=False):

@@ -502,3 +502,36 @@ def test_gather_on_the_lane_beside_the_general_path(world, root):
         else:
             assert got is None
         assert taken == ([True] if rank % 2 == 0 else []), taken
+
+
+def _reduce_mixed(rank, world, root, dtype, op_name, numel):
+    """reduce on the lane on even ranks (twice), on the general path on odd ones (a
+    strided tensor); the inputs of non-roots stay as they were."""
+    taken = _spy_on_lane()
+    op = getattr(accord.ReduceOp, op_name)
+    results, untouched = [], True
+    for _ in range(2):
+        x = (np.arange(numel) % 7 + 3 * rank).astype(dtype)
+        before = x.copy()
+        t = x if rank % 2 == 0 else _general(x)
+        accord.reduce(t, dst=root, op=op)
+        results.append(np.array(t).tolist())
+        if rank != root:
+            untouched &= bool(np.array_equal(np.array(t), before))
+    return results, untouched, taken
+
+
+@pytest.mark.parametrize("world,root,dtype,op_name,numel", [(2, 0, "float32", "SUM", 3),
+                                                           (3, 2, "int64", "MAX", 5),
+                                                           (4, 1, "float64", "AVG", 40000)])
+def test_reduce_on_the_lane_beside_the_general_path(world, root, dtype, op_name, numel):
+    inputs = [(np.arange(numel) % 7 + 3 * r).astype(dtype) for r in range(world)]
+    want = {"SUM": lambda: np.sum(inputs, axis=0, dtype=dtype),
+            "MAX": lambda: np.max(inputs, axis=0),
+            "AVG": lambda: np.mean(inputs, axis=0)}[op_name]().tolist()
+    for rank, (results, untouched, taken) in enumerate(
+            run_ranks(world, _reduce_mixed, root, dtype, op_name, numel)):
+        if rank == root:
+            assert results == [want, want]
+        assert untouched
+        assert taken == ([True, True] if rank % 2 == 0 else []), taken
