@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/small_path.py [-n 2] [--iters 5000] [--ops broadcast,...]
                                               [--transport shm|tcp] [--top 12]
 
-For each op (broadcast, all_reduce, all_gather, scatter, barrier and a
-blocking send/recv ping-pong), on one float32 element (8 bytes for the
-ping-pong's two-element message):
+For each op (broadcast, all_reduce, all_gather, scatter, barrier, a blocking
+send/recv ping-pong, and a window: rank 0 isends WINDOW messages that rank 1
+irecvs, then waits for all and an ack, osu_bw's pattern), on one float32 element
+(8 bytes for the point-to-point messages of two elements; the window's latency
+is per message):
 
 1. latency: 7 blocks of --iters calls, each block after a barrier; a block's
    time is the slowest rank's mean call time; the median block is shown;
@@ -36,8 +38,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OPS = ("broadcast", "all_reduce", "all_gather", "scatter", "barrier", "pingpong")
+OPS = ("broadcast", "all_reduce", "all_gather", "scatter", "barrier", "pingpong", "window")
 BLOCKS = 7
+WINDOW = 64
 
 
 def make_call(op, rank, world):
@@ -72,6 +75,23 @@ def make_call(op, rank, world):
             def call():
                 accord.recv(m, 0)
                 accord.send(m, 0)
+        return call
+    if op == "window":
+        m, ack = np.ones(2, np.float32), np.ones(1, np.float32)
+        if rank == 0:
+            def call():
+                works = [accord.isend(m, 1, tag=1) for _ in range(WINDOW)]
+                for w in works:
+                    w.wait()
+                accord.recv(ack, 1, tag=2)
+        elif rank == 1:
+            def call():
+                works = [accord.irecv(m, 0, tag=1) for _ in range(WINDOW)]
+                for w in works:
+                    w.wait()
+                accord.send(ack, 0, tag=2)
+        else:
+            return lambda: None
         return call
     raise ValueError(f"unknown op {op!r}")
 
@@ -144,8 +164,13 @@ def worker(ops, iters, top, with_parts=False):
         accord.barrier()
         accord.destroy_process_group()
         return
+    all_iters = iters
     for op in ops:
         call = make_call(op, rank, world)
+        # a ping-pong call is a round trip: its one-way latency is half of it; a
+        # window's latency, calls and times are per message (and it makes fewer calls)
+        per_msg = {"pingpong": 2, "window": WINDOW}.get(op, 1)
+        iters = max(10, all_iters // WINDOW) if op == "window" else all_iters
         for _ in range(min(iters, 500)):
             call()
         blocks = []
@@ -155,11 +180,9 @@ def worker(ops, iters, top, with_parts=False):
             for _ in range(iters):
                 call()
             blocks.append(slowest((time.perf_counter() - t0) / iters))
-        # a ping-pong call is a round trip: its one-way latency is half of it
-        per_msg = 2 if op == "pingpong" else 1
         latency_us = statistics.median(blocks) / per_msg * 1e6
 
-        n = max(iters // 5, 100)
+        n = max(iters // 5, 100 if op != "window" else 20)
         accord.barrier()
         prof = cProfile.Profile()
         prof.enable()
@@ -172,12 +195,13 @@ def worker(ops, iters, top, with_parts=False):
             total_calls = sum(v[1] for v in st.stats.values())
             rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)
             funcs = []
+            k = n * (per_msg if op == "window" else 1)
             for (path, line, name), (_cc, nc, tt, ct, _callers) in rows[:top]:
                 where = os.path.relpath(path, ROOT) if path.startswith(ROOT) else os.path.basename(path)
-                funcs.append({"func": f"{where}:{line}({name})", "calls": nc / n,
-                              "own_us": tt / n * 1e6, "cum_us": ct / n * 1e6})
+                funcs.append({"func": f"{where}:{line}({name})", "calls": nc / k,
+                              "own_us": tt / k * 1e6, "cum_us": ct / k * 1e6})
             print(json.dumps({"op": op, "world": world, "latency_us": latency_us,
-                              "calls_per_op": total_calls / n, "profiled_us": st.total_tt / n * 1e6,
+                              "calls_per_op": total_calls / k, "profiled_us": st.total_tt / k * 1e6,
                               "top": funcs}), flush=True)
     accord.destroy_process_group()
 
@@ -225,8 +249,9 @@ def main():
         if a.json:
             print(line)
             continue
-        print(f"\n## {r['op']}: {r['latency_us']:.1f} µs a call (median block); "
-              f"{r['calls_per_op']:.0f} Python calls a call; profiled {r['profiled_us']:.1f} µs")
+        unit = "message" if r["op"] == "window" else "call"
+        print(f"\n## {r['op']}: {r['latency_us']:.1f} µs a {unit} (median block); "
+              f"{r['calls_per_op']:.0f} Python calls a {unit}; profiled {r['profiled_us']:.1f} µs")
         print(f"{'calls':>6} {'own µs':>7} {'cum µs':>7}  function")
         for f in r["top"]:
             print(f"{f['calls']:6.1f} {f['own_us']:7.2f} {f['cum_us']:7.2f}  {f['func']}")
