@@ -153,6 +153,10 @@ class TaggedPlane(Protocol):
     `take_stashed(recv)`). All but wake() run under the engine's lock (its
     thread, or a caller progressing inline while the engine is idle)."""
     spin_s: float       # how long a blocking caller may move the links itself first
+    # whether sleep() wakes at any byte from any peer; False where arm() asks to be
+    # woken for a link with no receive posted only once much has come (shm: half
+    # its ring), so a receive posted during a sleep must wake the sleeper to re-arm
+    wakes_on_any_byte: bool
     spin_ack_s: float   # ... when its send waits for the peer to copy it out (single copy)
     wait_now_max: int   # the largest message take_now(wait_s) waits for (-1: none)
 

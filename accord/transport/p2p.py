@@ -105,6 +105,10 @@ class Engine:
         self._ops = []                   # whoever holds _busy, from here down
         self._new = []                   # the ops being started
         self._gone = {}                  # peer -> why its link is unusable
+        # the engine thread sleeps on the plane (armed then, under _busy), and the
+        # peers whose next byte wakes it: see _unwatched
+        self._asleep = False
+        self._watching = set()
         self._last_check = 0.0
         self._pid = os.getpid()
 
@@ -120,14 +124,16 @@ class Engine:
             self._inbox.extend(ops)
             fresh = self._thread is None
         started = self._busy.acquire(blocking=False)
+        unwatched = False
         if started:
             try:
                 self._turn()
+                unwatched = self._unwatched(ops)
             finally:
                 self._busy.release()
         if fresh:
             self._start_thread()
-        elif any(self._needs_wake(op, started) for op in ops):
+        elif unwatched or any(self._needs_wake(op, started) for op in ops):
             self._kick()
 
     def _start_thread(self):
@@ -240,9 +246,10 @@ class Engine:
             if rec.done:
                 return rec, None
             op = self._adopt(make_op, rec)
+            wake = self._needs_wake(op, True) or self._unwatched((op,))
         finally:
             self._busy.release()
-        if self._needs_wake(op, True):
+        if wake:
             self._kick()
         return None, op
 
@@ -293,6 +300,27 @@ class Engine:
         self.t.wake()
         with self._lock:
             self._idle.notify()
+
+    def _unwatched(self, ops):
+        """(Under _busy, by a caller that just started ops.) Whether the engine thread
+        sleeps armed before a receive of ops was posted, on a link whose next
+        message would not wake it: a medium may ask to be woken only once much is
+        waiting where nothing was awaited (shm: half the ring), so a small message
+        for that receive would wait for the end of the engine's sleep (a slice,
+        250 ms), with nobody else moving the link unless its caller waits through
+        Engine.wait. If so the engine is to be woken now (once: it then arms for
+        the receive, and is marked awake until it sleeps again)."""
+        if not self._asleep:
+            return False
+        watching = self._watching
+        for op in ops:
+            if op.is_send or op.over:
+                continue
+            if op.peer is None and any(p not in watching for p in self.t.links) or \
+                    op.peer is not None and op.peer not in watching:
+                self._asleep = False
+                return True
+        return False
 
     @staticmethod
     def _needs_wake(op, started):
@@ -436,12 +464,19 @@ class Engine:
                 while self._waiting and self._closed is None:
                     self._idle.wait(_PARK_S)
             with self._busy:
+                self._asleep = False
                 if token is not None:
                     t.disarm(token)
                 if self._closed is not None:
                     self._turn()         # fails what is left
                     return
                 token, wait = self._cycle()
+                if token is not None and not t.wakes_on_any_byte:
+                    # what this sleep wakes for at the next byte: the links a receive
+                    # waits on (see _unwatched)
+                    self._watching = {p for p, link in t.links.items()
+                                      if link.posted or link.incoming is not None}
+                    self._asleep = True
             if token is not None:
                 t.sleep(token, wait)
 

@@ -611,6 +611,9 @@ class ShmTransport(Reports):
     """The shared-memory links of one group member to every other member."""
     medium = "shared memory"
     hosts = None                # one host, by construction
+    # the engine's sleep wakes for a link no receive waits on only at half its ring
+    # (arm()): see transport/p2p.py's Engine._unwatched
+    wakes_on_any_byte = False
 
     def __init__(self, rank, size, arena, describe_rank, cma_min=4 << 20, plane=0):
         """plane 0: the collectives' rings; 1: the point-to-point rings and doorbell

@@ -243,6 +243,7 @@ class TcpTransport(Reports):
     peer_memory = None          # no single copy between hosts
     slots = None                # no memory shared between hosts
     spin_s = 0.0                # a p2p caller never spins on sockets (transport/p2p.py)
+    wakes_on_any_byte = True    # poll() watches every socket for input
     spin_ack_s = 0.0
     wait_now_max = -1           # take_now never waits
     hosts = None                # each member's host, when the group spans several
