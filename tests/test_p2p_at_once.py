@@ -177,3 +177,28 @@ def test_a_receive_from_any_rank_takes_what_is_here(transport):
         assert at_once
     assert "12 bytes" in mismatch and "8 bytes" in mismatch, mismatch
     assert described
+
+
+def _futures_ping_pong(rank, world, transport, rounds):
+    # rank 0 waits on its receives through Work.get_future(), which moves no message
+    # itself: the engine thread must take each reply as it comes (it used to sleep
+    # through them, up to 250 ms each, armed before the receive was posted)
+    m = np.zeros(2)
+    for i in range(rounds):
+        if rank == 0:
+            dist.send(np.full(2, float(i)), dst=1)
+            w = dist.irecv(m, src=1)
+            w.get_future().result()
+        else:
+            dist.recv(m, src=0)
+            dist.send(m * 2, dst=0)
+    return m.tolist()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.timeout(60)
+def test_a_receive_waited_on_by_its_future_does_not_stall(transport):
+    # 400 round trips: at the stall's 128 ms on average, 51 s, past the deadline
+    out = run_ranks(2, _futures_ping_pong, transport, 400, timeout=40,
+                    env={"ACCORD_TRANSPORT": transport})
+    assert out[0] == [2.0 * 399] * 2

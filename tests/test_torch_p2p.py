@@ -37,3 +37,25 @@ def test_batch_isend_irecv_matches_gloo(world):
         assert res["accord"] == res["gloo"], (rank, res)
         left = (rank - 1) % world
         assert res["accord"][0] == [float(i + left) for i in range(6)]
+
+
+def _ping_pong(rank, world, backend, rounds):
+    # blocking send/recv through torch: the receiving rank waits on accord's Work from
+    # torch's C++ side, which moves no messages itself; the engine thread must take
+    # the reply at once (it used to sleep through it for up to 250 ms a message)
+    m = torch.zeros(2)
+    for i in range(rounds):
+        if rank == 0:
+            dist.send(torch.full((2,), float(i)), 1)
+            dist.recv(m, 1)
+        else:
+            dist.recv(m, 0)
+            dist.send(m * 2, 0)
+    return m.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_a_ping_pong_through_torch_does_not_stall():
+    # 600 messages: at the stall's 128 ms a message on average, 77 s, past the deadline
+    out = run_torch(2, _ping_pong, 300, backends=("gloo", "accord"), timeout=40)
+    assert out[0]["accord"] == out[0]["gloo"] == [2.0 * 299] * 2

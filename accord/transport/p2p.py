@@ -325,9 +325,9 @@ class Engine:
     @staticmethod
     def _needs_wake(op, started):
         """Whether the sleeping engine (or waiter) must hear of op now. A receive it
-        need not: the sleeper already waits for bytes on every link; a send it
-        must (nobody waits for room in its ring yet), as must a deadline sooner than
-        the sleeper would look."""
+        started itself need not, where the sleeper waits for bytes on its link
+        (where it may not: _unwatched); a send it must (nobody waits for room in its
+        ring yet), as must a deadline sooner than the sleeper would look."""
         if op.over:
             return False
         return op.is_send or not started or op.timeout < _IDLE_S
