@@ -479,6 +479,9 @@ class Engine:
                     self._asleep = True
             if token is not None:
                 t.sleep(token, wait)
+                # awake again (it re-arms before it sleeps next): no kick needed meanwhile,
+                # parked or not
+                self._asleep = False
 
     def _start(self, op):
         t = self.t
