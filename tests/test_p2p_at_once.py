@@ -2,7 +2,9 @@
 ring, a receive whose message is already here. Such a call makes no Pending and hands
 nothing to the engine's thread, and it must still be what a posted one is: the bytes
 right, the sender's rank as the result, a size mismatch as the receiver's Desync, the
-flight recorder's entry done, messages in order behind queued ones."""
+flight recorder's entry done, messages in order behind queued ones; a receive from
+any rank takes what is here too. And a receive the engine must finish (its message not
+in yet) is finished at once for a waiter that moves no message itself (a future)."""
 import numpy as np
 import pytest
 
