@@ -89,8 +89,13 @@ def check_len(g, value, arg):
 def split_counts(buf, sizes, n, arg, tensor_arg):
     """Element counts of n blocks of buf along its first dimension: rows per rank
     from sizes, or equal splits when sizes is empty."""
-    rows = buf.shape[0] if buf.shape else 1
-    per_row = buf.numel // rows if rows else 0
+    return row_counts(buf.shape, buf.numel, sizes, n, arg, tensor_arg)
+
+
+def row_counts(shape, numel, sizes, n, arg, tensor_arg):
+    """split_counts for a tensor of that shape and element count."""
+    rows = shape[0] if shape else 1
+    per_row = numel // rows if rows else 0
     if sizes is None or len(sizes) == 0:
         if rows % n:
             raise ValueError(f"{tensor_arg}: first dimension {rows} is not divisible by the group "

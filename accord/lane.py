@@ -27,6 +27,7 @@ import numpy as np
 from .algorithms import Comm
 from .algorithms import rooted, split
 from .algorithms.table import entry
+from .args import row_counts
 from .buffers import BF16_CODE, Buf, already_in_place, as_buf, is_torch_tensor, sendable
 from .debug.callsite import call_site
 from .debug.groups import on_main_thread
@@ -85,21 +86,16 @@ def _root(g, src, group_src):
 
 
 def _counts(flat, shape, sizes, n):
-    """Element counts of n consecutive blocks of flat along its shape's first dimension,
-    as args.split_counts makes them (equal splits where sizes is None or empty, else
-    sizes rows each); None where that would raise, or sizes are not plain ints."""
-    rows = shape[0] if shape else 1
-    per_row = flat.size // rows if rows else 0
-    if sizes is None or sizes.__class__ in (list, tuple) and not sizes:
-        return None if rows % n else [rows // n * per_row] * n
-    if sizes.__class__ not in (list, tuple) or len(sizes) != n:
+    """args.row_counts' element counts of n blocks of flat (of that shape), or None
+    where it would raise, or where sizes is not a list of plain ints (the api
+    converts other numbers; the lean path leaves those calls to it)."""
+    if sizes is not None and (sizes.__class__ not in (list, tuple) or
+                              any(k.__class__ is not int for k in sizes)):
         return None
-    for k in sizes:
-        if k.__class__ is not int or k < 0:
-            return None
-    if sum(sizes) != rows:
+    try:
+        return row_counts(shape, flat.size, sizes, n, "", "")
+    except ValueError:
         return None
-    return [k * per_row for k in sizes]
 
 
 def _root_blocks(g, root, items, known, writable, nbytes):

@@ -79,9 +79,7 @@ def reduce_moves(c, g, arr, root, op, is_bf16, in_place=False):
     its input as it is, a non-root that receives reduces it with its first child's
     part into a new array (never copying it first)."""
     tmp = g.scratch(arr.dtype, min(arr.size, piece_elems(arr.itemsize)))
-    if c.rank == root or in_place:
-        tree_reduce(c, arr, root, op, is_bf16, tmp)
-    elif has_children(c.size, c.rank, root):
+    if c.rank != root and not in_place and has_children(c.size, c.rank, root):
         tree_reduce(c, np.empty_like(arr), root, op, is_bf16, tmp, src=arr)
     else:
         tree_reduce(c, arr, root, op, is_bf16, tmp)

@@ -48,8 +48,9 @@ def tree_reduce(c, acc, root, op, bf16, tmp, src=None):
             return
         child = vr + mask
         if child < n:
-            bases = [None] * len(_pieces(acc, per)) if src is None else _pieces(src, per)
-            for p, b in zip(_pieces(acc, per), bases):
+            pieces = _pieces(acc, per)
+            bases = [None] * len(pieces) if src is None else _pieces(src, per)
+            for p, b in zip(pieces, bases):
                 t = tmp[:p.size]
                 c.recv((child + root) % n, t)
                 reduce_into(op, p, t, bf16, b)
