@@ -4,7 +4,7 @@
                                               [--transport shm|tcp] [--top 12]
 
 For each op (broadcast, all_reduce, all_gather, scatter, barrier, a blocking
-send/recv ping-pong, and a window: rank 0 isends WINDOW messages that rank 1
+send/recv ping-pong, the same with rank 0 receiving from any rank, and a window: rank 0 isends WINDOW messages that rank 1
 irecvs, then waits for all and an ack, osu_bw's pattern), on one float32 element
 (8 bytes for the point-to-point messages of two elements; the window's latency
 is per message):
@@ -38,7 +38,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OPS = ("broadcast", "all_reduce", "all_gather", "scatter", "barrier", "pingpong", "window")
+OPS = ("broadcast", "all_reduce", "all_gather", "scatter", "barrier", "pingpong", "anysource",
+       "window")
 BLOCKS = 7
 WINDOW = 64
 
@@ -62,15 +63,16 @@ def make_call(op, rank, world):
         return lambda: accord.scatter(x, ins, src=0)
     if op == "barrier":
         return accord.barrier
-    if op == "pingpong":
+    if op in ("pingpong", "anysource"):
         m = np.ones(2, np.float32)
         peer = 1 - rank if rank < 2 else None
         if peer is None:
             return lambda: None
+        src = None if op == "anysource" else 1       # rank 0 receives from any rank
         if rank == 0:
             def call():
                 accord.send(m, 1)
-                accord.recv(m, 1)
+                accord.recv(m, src)
         else:
             def call():
                 accord.recv(m, 0)
@@ -169,7 +171,7 @@ def worker(ops, iters, top, with_parts=False):
         call = make_call(op, rank, world)
         # a ping-pong call is a round trip: its one-way latency is half of it; a
         # window's latency, calls and times are per message (and it makes fewer calls)
-        per_msg = {"pingpong": 2, "window": WINDOW}.get(op, 1)
+        per_msg = {"pingpong": 2, "anysource": 2, "window": WINDOW}.get(op, 1)
         iters = max(10, all_iters // WINDOW) if op == "window" else all_iters
         for _ in range(min(iters, 500)):
             call()
