@@ -27,6 +27,8 @@ FORCED = {
                        "broadcast=tree,all_gather=direct,all_reduce=recursive_doubling"},
     # a power of two of ranks beyond two (world 4 only): recursive doubling and halving
     "doubling": {"ACCORD_ALGORITHMS": "all_gather=doubling,all_reduce=halving_doubling"},
+    # every rank's input to every other in one step, at every world and size
+    "gather-reduce": {"ACCORD_ALGORITHMS": "all_reduce=gather_reduce"},
     # the default transport between ranks of one host is shared memory; TCP too
     "tcp": {"ACCORD_TRANSPORT": "tcp"},
 }
@@ -407,19 +409,22 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
 
     from accord.algorithms import all_gather, broadcast, reduction, single_copy, slotted
     from accord.algorithms.table import choose
-    tcp4 = SimpleNamespace(rank=0, size=4, peer_memory=None, slots=None, choices={})
+    tcp4 = SimpleNamespace(rank=0, size=4, peer_memory=None, slots=None, fans_out=False,
+                           choices={})
     assert choose("broadcast", 256 << 10, tcp4, {}) is broadcast.chain
     assert choose("broadcast", 8, tcp4, {}) is broadcast.tree
     # a power of two of ranks halves and doubles (log2(n) steps a phase); others ring
     assert choose("all_reduce", 64 << 10, tcp4, {}) is reduction.halving_doubling
     assert choose("all_reduce", 8, tcp4, {}) is reduction.recursive_doubling
     assert choose("all_gather", 64 << 10, tcp4, {}) is all_gather.doubling
-    tcp3 = SimpleNamespace(rank=0, size=3, peer_memory=None, slots=None, choices={})
+    tcp3 = SimpleNamespace(rank=0, size=3, peer_memory=None, slots=None, fans_out=False,
+                           choices={})
     assert choose("all_reduce", 64 << 10, tcp3, {}) is reduction.ring_allreduce
     assert choose("all_gather", 64 << 10, tcp3, {}) is all_gather.ring
     assert choose("all_gather", 64 << 10, tcp4, {"all_gather": "ring"}) is all_gather.ring
     assert choose("all_gather", 64 << 10, SimpleNamespace(rank=0, size=2, peer_memory=None,
-                                                          slots=None, choices={}), {}) \
+                                                          slots=None, fans_out=False,
+                                                          choices={}), {}) \
         is all_gather.direct
     assert choose("all_reduce", 8, tcp4, {"all_reduce": "ring"}) is reduction.ring_allreduce
     with pytest.raises(ValueError, match="all_reduce"):
@@ -430,7 +435,8 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     # single copy where the peers' memory allows it; forcing it elsewhere changes nothing
     pm = SimpleNamespace(min_bytes=1 << 20, everywhere=True, usable=lambda p: True)
     slots = SimpleNamespace(room=1 << 20)
-    shm4 = SimpleNamespace(rank=0, size=4, peer_memory=pm, slots=slots, choices={})
+    shm4 = SimpleNamespace(rank=0, size=4, peer_memory=pm, slots=slots, fans_out=True,
+                           choices={})
     assert choose("broadcast", 16 << 20, shm4, {}) is single_copy.broadcast
     # shared slots beyond two ranks: broadcasts from 256 KiB up to single copy's size,
     # all-gathers of blocks from 512 KiB to two pieces, all-reduces from 1 to 4 MiB;
@@ -451,14 +457,22 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("all_reduce", 512 << 10, shm4, {}) is reduction.halving_doubling
     assert choose("all_reduce", 4 << 20, shm4, {}) is slotted.all_reduce
     assert choose("all_reduce", 16 << 20, shm4, {}) is reduction.halving_doubling
-    shm3 = SimpleNamespace(rank=0, size=3, peer_memory=pm, slots=slots, choices={})
+    shm3 = SimpleNamespace(rank=0, size=3, peer_memory=pm, slots=slots, fans_out=True,
+                           choices={})
     assert choose("all_reduce", 1 << 20, shm3, {}) is reduction.ring_allreduce
     # three ranks: a broadcast through the slots from 1 MiB, a list from 256 KiB
     assert choose("broadcast", 512 << 10, shm3, {}) is broadcast.chain
     assert choose("broadcast", 1 << 20, shm3, {}) is slotted.broadcast
     assert choose("broadcast_list", 512 << 10, shm3, {}) is slotted.broadcast_list
-    assert choose("all_reduce", 8, shm3, {"all_reduce": "slotted"}) is \
-        reduction.recursive_doubling
+    # a small all_reduce of a group that is not a power of two, over shared memory: one
+    # step (moving at most 48 KiB in all); over TCP and at world 4 as before
+    assert choose("all_reduce", 8, shm3, {"all_reduce": "slotted"}) is reduction.gather_reduce
+    assert choose("all_reduce", 8 << 10, shm3, {}) is reduction.gather_reduce
+    assert choose("all_reduce", (8 << 10) + 4, shm3, {}) is reduction.recursive_doubling
+    assert choose("all_reduce", 8, tcp3, {}) is reduction.recursive_doubling
+    assert choose("all_reduce", 8, shm4, {}) is reduction.recursive_doubling
+    assert choose("all_reduce", 64 << 10, tcp4, {"all_reduce": "gather_reduce"}) is \
+        reduction.gather_reduce
     assert choose("broadcast", 16 << 20, tcp4, {"broadcast": "single_copy"}) is broadcast.chain
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
     # forcing broadcast sends lists down the chain too

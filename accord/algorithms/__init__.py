@@ -24,7 +24,7 @@ def _view(x):
 
 class Comm:
     """rank, size, peer_memory and slots (transport/base.py's PeerMemory and
-    SharedSlots, or None), choices
+    SharedSlots, or None), fans_out, choices
     (the algorithm table's memo for these links), and the moves: exchange, send,
     recv."""
     __slots__ = ("rank", "size", "choices", "_t", "_stamp", "_deadline")
@@ -39,6 +39,12 @@ class Comm:
         """The transport's access to peers' memory (None where it has none): asked
         for only by the algorithms that copy between memories, not on every call."""
         return self._t.peer_memory
+
+    @property
+    def fans_out(self):
+        """Whether one step moving a small message to and from every peer costs about
+        what a pairwise step does (transport/base.py)."""
+        return self._t.fans_out
 
     @property
     def slots(self):

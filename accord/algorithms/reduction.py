@@ -91,6 +91,33 @@ def recursive_doubling(c, acc, op, bf16, tmp):
         c.send(r + p2, acc)
 
 
+def gather_reduce(c, acc, op, bf16, tmp):
+    """All-reduce in one step: every rank sends its input to every other, then each
+    reduces all of them in rank order ((x0 op x1) op x2 ...), so every rank ends with
+    the same bits without a second step.
+
+    For small messages where the group is not a power of two: recursive doubling
+    folds the ranks beyond the largest power of two in and out again, two steps more
+    (three for world 3 where this is one), and each step waits for a partner to be
+    scheduled where ranks outnumber cores. tmp: scratch of (size - 1) * acc.size
+    elements."""
+    n, r, k = c.size, c.rank, acc.size
+    peers = [p for p in range(n) if p != r]
+    parts = [acc] * n
+    for j, p in enumerate(peers):
+        parts[p] = tmp[j * k:(j + 1) * k]
+    c.exchange(sends=[(p, acc) for p in peers], recvs=[(p, parts[p]) for p in peers])
+    # rank 0's input is the left operand of the first op on every rank: rank 0 reduces
+    # into acc (its input), the others into the scratch holding rank 0's part
+    out = parts[0]
+    for p in range(1, n):
+        reduce_into(op, out, parts[p], bf16)
+    if out is not acc:
+        acc[...] = out
+    if op == ReduceOp.AVG:
+        finish_avg(acc, n, bf16)
+
+
 def ring_reduce_scatter(c, blocks, op, bf16, tmp):
     """After it, rank r holds the full reduction in blocks[r] (not averaged).
 

@@ -2,7 +2,7 @@
 
 For each collective, its algorithms in order of preference; the first whose
 `applies(comm, nbytes)` holds runs. `comm` is anything with `rank`, `size`,
-`peer_memory`, `slots` and `choices` (a Comm, or a group's transport when a call is
+`peer_memory`, `slots`, `fans_out` and `choices` (a Comm, or a group's transport when a call is
 planned), and every rank of a group gets the same answer, so all take the same
 path.
 
@@ -30,6 +30,11 @@ class Entry(NamedTuple):
 # below these sizes (bytes) the latency-bound algorithm runs
 SMALL = {"broadcast": 256 << 10, "all_gather": 64 << 10, "all_reduce": 64 << 10,
          "reduce_scatter": 16 << 10}
+
+
+# gather_reduce's limit: the bytes its one step moves in all (n(n - 1) messages); what the
+# step costs grows with all of them where ranks share cores
+GATHER_REDUCE_BYTES = 48 << 10
 
 
 def _small(op):
@@ -94,6 +99,15 @@ ALGORITHMS = {
         "slotted": Entry(slotted.all_reduce, slotted.all_reduce_applies,
                          scratch=lambda numel, size, itemsize: 0,
                          can_run=slotted.all_reduce_can_run),
+        # small, the group not a power of two, shared memory: one step where recursive
+        # doubling takes three at world 3 (8 B-8 KiB there in 0.51-0.90x its time; world 6
+        # at 8 B-1 KiB 0.67-0.97x; over TCP 1.01-1.31x, at a power of two 1.14-1.25x:
+        # benchmarks/results/small-messages.md)
+        "gather_reduce": Entry(reduction.gather_reduce, lambda c, nbytes:
+                               c.size & (c.size - 1) and c.fans_out and
+                               c.size * (c.size - 1) * nbytes <= GATHER_REDUCE_BYTES,
+                               scratch=lambda numel, size, itemsize: (size - 1) * numel,
+                               can_run=lambda c, nbytes: True),
         "recursive_doubling": Entry(reduction.recursive_doubling, _small("all_reduce"),
                                     scratch=lambda numel, size, itemsize: numel),
         # a power of two of ranks beyond two: 2 log2(n) steps, not 2(n - 1) (world 4,

@@ -98,6 +98,10 @@ class Transport(Protocol):
     medium: str                         # "connection" | "shared memory": error messages
     peer_memory: Optional[PeerMemory]   # single copy between memories, or None
     slots: Optional[SharedSlots]        # a shared slot per rank, or None
+    # whether one step moving a small message to and from every peer costs about what a
+    # pairwise step does (shared memory: every ring is written and watched at once;
+    # sockets: each peer's message costs its own system calls and wake-ups)
+    fans_out: bool
     p2p: Optional["Transport"]          # shm: the point-to-point plane of the same arena
     links: dict                         # peer -> the medium's link to it
     choices: dict                       # the algorithm table's memo for these links

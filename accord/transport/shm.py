@@ -611,6 +611,7 @@ class ShmTransport(Reports):
     """The shared-memory links of one group member to every other member."""
     medium = "shared memory"
     hosts = None                # one host, by construction
+    fans_out = True             # (transport/base.py)
     # the engine's sleep wakes for a link no receive waits on only at half its ring
     # (arm()): see transport/p2p.py's Engine._unwatched
     wakes_on_any_byte = False
