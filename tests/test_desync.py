@@ -139,8 +139,14 @@ def test_stuck_rank_report_names_who_never_entered(env):
         assert "ranks 0, 1 are waiting in it" in msg or "ranks 0\u20131" in msg, msg
         assert "last completed barrier #0" in msg
         assert took < 4
+    # rank 2 learns it either from the others' report, or (where the all_reduce's one
+    # step already sent it their inputs: a small one over shared memory at world 3)
+    # from their messages, which name the call it skipped
     name, msg, _ = res[2]
-    assert name == "CommTimeout" and "reported by" in msg and "never entered" in msg
+    if name == "Desync":
+        assert "this rank called barrier #1" in msg and "called all_reduce #1" in msg, msg
+    else:
+        assert name == "CommTimeout" and "reported by" in msg and "never entered" in msg, msg
 
 
 def _stuck_through_another_group(rank, world):
@@ -163,6 +169,34 @@ def test_stuck_rank_report_follows_a_rank_blocked_in_another_group(env):
     assert "ranks 1, 2 never entered all_reduce #1" in msg, msg
     assert "busy in all_reduce #0" in msg and "(waiting on rank 2)" in msg, msg
     assert took < 5                # its own 1 s timeout, not rank 1's 10 s
+
+
+def _stuck_two_groups_away(rank, world):
+    # rank 2 waits in a's all_reduce for rank 0, which waits in b's for rank 1, which
+    # waits in c's for rank 3, which sleeps: rank 2's report must reach rank 3
+    a, b, c = dist.new_group([0, 2]), dist.new_group([0, 1]), dist.new_group([1, 3])
+    x = np.ones(4, np.float32)
+    dist.barrier()
+    if rank == 2:
+        return _timed(lambda: dist.all_reduce(x, group=a, timeout=1.5))
+    if rank == 3:
+        time.sleep(4.0)
+        return _timed(lambda: dist.all_reduce(x, group=c, timeout=10.0))
+    if rank == 1:
+        return _timed(lambda: (dist.all_reduce(x, group=c, timeout=10.0),
+                               dist.all_reduce(x, group=b, timeout=10.0)))
+    return _timed(lambda: (dist.all_reduce(x, group=b, timeout=10.0),
+                           dist.all_reduce(x, group=a, timeout=10.0)))
+
+
+def test_stuck_rank_report_follows_the_wait_two_groups_away(env):
+    res = run_ranks(4, _stuck_two_groups_away, timeout=40, env=env, expect_fail=True)
+    kind, (name, msg, took) = res[2]
+    assert kind == "ok" and name == "CommTimeout", msg
+    assert "rank 0 never entered all_reduce #0" in msg, msg
+    assert "following rank 0: rank 0 waits in all_reduce #0" in msg, msg
+    assert "on rank 1; rank 1 waits in all_reduce #0" in msg and "on rank 3" in msg, msg
+    assert took < 6                # its own 1.5 s timeout
 
 
 def _cross_groups(rank, world):

@@ -101,7 +101,7 @@ ALGORITHMS = {
                          can_run=slotted.all_reduce_can_run),
         # small, the group not a power of two, shared memory: one step where recursive
         # doubling takes three at world 3 (8 B-8 KiB there in 0.51-0.90x its time; world 6
-        # at 8 B-1 KiB 0.67-0.97x; over TCP 1.01-1.31x, at a power of two 1.14-1.25x:
+        # at 8 B-1 KiB 0.67-0.97x; over TCP 1.01-1.33x, at a power of two 1.14-1.25x:
         # benchmarks/results/small-messages.md)
         "gather_reduce": Entry(reduction.gather_reduce, lambda c, nbytes:
                                c.size & (c.size - 1) and c.fans_out and

@@ -134,6 +134,41 @@ def read_position(store, group_name, r):
     return None
 
 
+CHAIN_MAX = 6            # hops a stuck report follows from a rank that never entered
+
+
+def _store_of(group, name):
+    """The store group `name`'s positions are in: its own where this process holds it (a
+    torch group has its own store), else group's (accord's groups share one)."""
+    for g in groups.live_groups():
+        if g.name == name:
+            return g.store
+    return group.store
+
+
+def wait_chain(group, rank, pos):
+    """From a member that never entered the call (global `rank`, its position `pos` in
+    group), the calls it is blocked in elsewhere and the ranks those wait for, hop by
+    hop as each published it: "rank 0 waits in all_reduce #5 (...) of group 'g1' on
+    rank 1; rank 1 waits in ... on rank 3". The report's own line for a rank shows one
+    hop; a rank stuck two groups away is found only this way. "" for one hop or none."""
+    hops, seen = [], {rank}
+    while pos is not None and len(hops) < CHAIN_MAX:
+        b = next((b for b in pos.get("blocked") or () if b.get("waiting_on")), None)
+        if b is None:
+            break
+        on = b["waiting_on"]
+        hops.append(f"rank {rank} waits in {b['desc']} of group {b['group']!r} on "
+                    f"{ranks_text(on)}")
+        nxt = next((w for w in on if w not in seen), None)
+        if nxt is None or nxt not in b.get("ranks", ()):
+            break
+        seen.add(nxt)
+        pos = read_position(_store_of(group, b["group"]), b["group"], b["ranks"].index(nxt))
+        rank = nxt
+    return "; ".join(hops) if len(hops) > 1 else ""
+
+
 def _ago(t, now):
     return f"{max(0.0, now - t):.1f} s" if t else "?"
 
@@ -185,6 +220,10 @@ def stuck_report(group, entry):
             waiting.append(glob)
         elif (entered_seq is None or entered_seq < seq) and done_seq < seq:
             never.append(glob)
+    for glob in never:
+        chain = wait_chain(group, glob, positions.get(group.ranks.index(glob)))
+        if chain:
+            lines.append(f"  following rank {glob}: {chain}")
     name = describe_entry(entry).split(",")[0].split(" at ")[0]
     summary = []
     if never:

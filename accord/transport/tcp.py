@@ -243,7 +243,7 @@ class TcpTransport(Reports):
     peer_memory = None          # no single copy between hosts
     slots = None                # no memory shared between hosts
     fans_out = False            # a step with every peer: a world-3 all_reduce of 8 B-4 KiB
-                                # in one took 1.01-1.27x recursive doubling's time
+                                # in one took 1.01-1.33x recursive doubling's time
     spin_s = 0.0                # a p2p caller never spins on sockets (transport/p2p.py)
     wakes_on_any_byte = True    # poll() watches every socket for input
     spin_ack_s = 0.0
