@@ -108,8 +108,9 @@ def reduce_scatter_moves(c, g, ins, out, op, is_bf16, whole=None):
     lean path's). whole: the input as one array, where ins are its consecutive blocks.
 
     The algorithm table picks the ring, recursive halving (through the shared slots
-    in all_reduce's slotted range) or (small, beyond two ranks) recursive doubling by
-    size and world (the same answer on every rank); all but the ring need the input
+    in all_reduce's slotted range) or (small, beyond two ranks) one direct step or
+    recursive doubling by size and world (the same answer on every rank); all but the
+    ring need the input
     as one array of equal blocks (one copy of it where a list of equal blocks came),
     so they run on every rank or on none: the block sizes, the size and the world
     are the same everywhere."""
@@ -133,10 +134,12 @@ def reduce_scatter_moves(c, g, ins, out, op, is_bf16, whole=None):
             ins = [b.copy() for b in ins]
         if not one_array:
             e = algos["ring"]
-        elif whole is None:
+        elif whole is None and e is not algos["direct"]:
             whole = np.concatenate(ins)
         per = piece_elems(out.itemsize)
-        if e is algos["doubling"]:
+        if e is algos["direct"]:
+            tmp, spare = g.scratch(out.dtype, (c.size - 1) * out.size), None
+        elif e is algos["doubling"]:
             buf = g.scratch(out.dtype, 2 * whole.size)
             tmp, spare = buf[:whole.size], buf[whole.size:]
         elif e is algos["slotted"]:

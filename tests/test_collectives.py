@@ -27,8 +27,8 @@ FORCED = {
                        "broadcast=tree,all_gather=direct,all_reduce=recursive_doubling"},
     # a power of two of ranks beyond two (world 4 only): recursive doubling and halving
     "doubling": {"ACCORD_ALGORITHMS": "all_gather=doubling,all_reduce=halving_doubling"},
-    # every rank's input to every other in one step, at every world and size
-    "gather-reduce": {"ACCORD_ALGORITHMS": "all_reduce=gather_reduce"},
+    # all_reduce and reduce_scatter in one step, at every world and size
+    "one-step": {"ACCORD_ALGORITHMS": "all_reduce=gather_reduce,reduce_scatter=direct"},
     # the default transport between ranks of one host is shared memory; TCP too
     "tcp": {"ACCORD_TRANSPORT": "tcp"},
 }
@@ -239,7 +239,8 @@ def _reductions(rank, world, full):
 
 @pytest.mark.parametrize("world, forced", params())
 def test_reductions(world, forced):
-    results = run_ranks(world, _reductions, forced in ("default", "tcp"), env=FORCED[forced],
+    results = run_ranks(world, _reductions, forced in ("default", "tcp", "one-step"),
+                        env=FORCED[forced],
                         timeout=90)
     for r in range(1, world):
         for a, b in zip(results[0], results[r]):
@@ -408,7 +409,7 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     from types import SimpleNamespace
 
     from accord.algorithms import all_gather, broadcast, reduction, single_copy, slotted
-    from accord.algorithms.table import choose
+    from accord.algorithms.table import ALGORITHMS, choose, entry
     tcp4 = SimpleNamespace(rank=0, size=4, peer_memory=None, slots=None, fans_out=False,
                            choices={})
     assert choose("broadcast", 256 << 10, tcp4, {}) is broadcast.chain
@@ -473,6 +474,12 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("all_reduce", 8, shm4, {}) is reduction.recursive_doubling
     assert choose("all_reduce", 64 << 10, tcp4, {"all_reduce": "gather_reduce"}) is \
         reduction.gather_reduce
+    # reduce_scatter likewise, its limit on (n - 1) x the whole input
+    rs = ALGORITHMS["reduce_scatter"]
+    assert entry("reduce_scatter", 24 << 10, shm3, {}) is rs["direct"]
+    assert entry("reduce_scatter", (24 << 10) + 4, shm3, {}) is rs["ring"]
+    assert entry("reduce_scatter", 8, tcp3, {}) is rs["doubling"]
+    assert entry("reduce_scatter", 8, shm4, {}) is rs["doubling"]
     assert choose("broadcast", 16 << 20, tcp4, {"broadcast": "single_copy"}) is broadcast.chain
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
     # forcing broadcast sends lists down the chain too

@@ -166,6 +166,33 @@ def ring_reduce_scatter_into(c, ins, out, op, bf16, tmp):
         give = keep
 
 
+def direct_reduce_scatter_into(c, ins, out, op, bf16, tmp):
+    """A small reduce-scatter in one step: each rank sends ins[p] to rank p and reduces
+    the blocks it gets in rank order (x0 op x1 op ...), its own from ins[rank] (only
+    read; out may be ins[rank] itself). Not averaged. Where the group is not a power of
+    two recursive doubling's all-reduce of the whole input takes three steps at world 3
+    (gather_reduce's reason), and every rank moves all n blocks where this moves one.
+
+    tmp: scratch of (size - 1) * out.size elements."""
+    n, r, m = c.size, c.rank, out.size
+    peers = [p for p in range(n) if p != r]
+    parts = [ins[r]] * n
+    for j, p in enumerate(peers):
+        parts[p] = tmp[j * m:(j + 1) * m]
+    c.exchange(sends=[(p, ins[p]) for p in peers], recvs=[(p, parts[p]) for p in peers])
+    if r == 0:
+        # out = ins[0] op x1 op ...: the first op reads ins[0] as its base, so out may be
+        # ins[0] itself
+        reduce_into(op, out, parts[1], bf16, base=ins[0])
+        for p in range(2, n):
+            reduce_into(op, out, parts[p], bf16)
+        return
+    acc = parts[0]                       # scratch: ins[rank] (maybe out) is read first
+    for p in range(1, n):
+        reduce_into(op, acc, parts[p], bf16)
+    out[...] = acc
+
+
 def doubling_reduce_scatter_into(c, whole, out, op, bf16, tmp, spare):
     """A small reduce-scatter beyond two ranks as recursive doubling's all-reduce of the
     whole input, in spare (a copy; the input is only read), then this rank's block

@@ -79,6 +79,13 @@ ALGORITHMS = {
     # only where it is and every block has out's size (plans.reduce_scatter_moves sees
     # to it)
     "reduce_scatter": {
+        # gather_reduce's case: small, not a power of two, shared memory (the limit on
+        # the bytes the one step moves: (n - 1) x the whole input)
+        "direct": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
+                        reduction.direct_reduce_scatter_into(c, ins, out, op, bf16, tmp),
+                        lambda c, nbytes: c.size > 2 and c.size & (c.size - 1) and
+                        c.fans_out and (c.size - 1) * nbytes <= GATHER_REDUCE_BYTES,
+                        can_run=lambda c, nbytes: True),
         "doubling": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
                           reduction.doubling_reduce_scatter_into(c, whole, out, op, bf16,
                                                                  tmp, spare),
