@@ -465,21 +465,14 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("broadcast", 512 << 10, shm3, {}) is broadcast.chain
     assert choose("broadcast", 1 << 20, shm3, {}) is slotted.broadcast
     assert choose("broadcast_list", 512 << 10, shm3, {}) is slotted.broadcast_list
-    # a small all_reduce of a group that is not a power of two, over shared memory: one
-    # step (moving at most 48 KiB in all); over TCP and at world 4 as before
-    assert choose("all_reduce", 8, shm3, {"all_reduce": "slotted"}) is reduction.gather_reduce
-    assert choose("all_reduce", 8 << 10, shm3, {}) is reduction.gather_reduce
-    assert choose("all_reduce", (8 << 10) + 4, shm3, {}) is reduction.recursive_doubling
-    assert choose("all_reduce", 8, tcp3, {}) is reduction.recursive_doubling
-    assert choose("all_reduce", 8, shm4, {}) is reduction.recursive_doubling
+    assert choose("all_reduce", 8, shm3, {"all_reduce": "slotted"}) is \
+        reduction.recursive_doubling
+    # the one-step algorithms run where forced, at any size and world
     assert choose("all_reduce", 64 << 10, tcp4, {"all_reduce": "gather_reduce"}) is \
         reduction.gather_reduce
-    # reduce_scatter likewise, its limit on (n - 1) x the whole input
     rs = ALGORITHMS["reduce_scatter"]
-    assert entry("reduce_scatter", 24 << 10, shm3, {}) is rs["direct"]
-    assert entry("reduce_scatter", (24 << 10) + 4, shm3, {}) is rs["ring"]
-    assert entry("reduce_scatter", 8, tcp3, {}) is rs["doubling"]
-    assert entry("reduce_scatter", 8, shm4, {}) is rs["doubling"]
+    assert entry("reduce_scatter", 8, shm3, {}) is rs["doubling"]
+    assert entry("reduce_scatter", 8, shm3, {"reduce_scatter": "direct"}) is rs["direct"]
     assert choose("broadcast", 16 << 20, tcp4, {"broadcast": "single_copy"}) is broadcast.chain
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
     # forcing broadcast sends lists down the chain too
@@ -488,6 +481,32 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     # a small list goes down the tree (log2(n) hops), a large one down the chain
     assert choose("broadcast_list", 200 << 10, tcp4, {}) is broadcast.tree_pieces
     assert choose("broadcast_list", 1 << 20, tcp4, {}) is broadcast.chain_pieces
+
+
+def test_the_one_step_algorithms_where_table_one_step_chooses_them(monkeypatch):
+    # a small all_reduce or reduce_scatter of a group that is not a power of two, over
+    # shared memory: one step (moving at most 48 KiB in all); over TCP and at world 4
+    # as before
+    from types import SimpleNamespace
+
+    from accord.algorithms import reduction, table
+    monkeypatch.setattr(table, "ONE_STEP", True)
+
+    def links(size, fans_out):
+        return SimpleNamespace(rank=0, size=size, peer_memory=None, slots=None,
+                               fans_out=fans_out, choices={})
+    shm3, tcp3, shm4 = links(3, True), links(3, False), links(4, True)
+    assert table.choose("all_reduce", 8, shm3, {}) is reduction.gather_reduce
+    assert table.choose("all_reduce", 8 << 10, shm3, {}) is reduction.gather_reduce
+    assert table.choose("all_reduce", (8 << 10) + 4, shm3, {}) is \
+        reduction.recursive_doubling
+    assert table.choose("all_reduce", 8, tcp3, {}) is reduction.recursive_doubling
+    assert table.choose("all_reduce", 8, shm4, {}) is reduction.recursive_doubling
+    rs = table.ALGORITHMS["reduce_scatter"]
+    assert table.entry("reduce_scatter", 24 << 10, shm3, {}) is rs["direct"]
+    assert table.entry("reduce_scatter", (24 << 10) + 4, shm3, {}) is rs["ring"]
+    assert table.entry("reduce_scatter", 8, tcp3, {}) is rs["doubling"]
+    assert table.entry("reduce_scatter", 8, shm4, {}) is rs["doubling"]
 
 
 def _gather_in_place(rank, world):
