@@ -37,8 +37,8 @@ SMALL = {"broadcast": 256 << 10, "all_gather": 64 << 10, "all_reduce": 64 << 10,
 GATHER_REDUCE_BYTES = 48 << 10
 # Whether gather_reduce and the direct reduce_scatter are chosen by default (else only
 # where ACCORD_ALGORITHMS forces them). Not yet: with every input sent in the first
-# step, ranks get further past a peer that stops, and can end up waiting on it in a
-# point-to-point receive, which the stuck-rank report does not show (the soak's
+# step, ranks get further past a peer that stops, and can end up waiting on it where
+# the stuck-rank report does not look, most likely a point-to-point receive (the soak's
 # stop-long fault lost the stopped rank's name in about 1 run in 50 with them on, 2 in
 # 7 before the report followed waits across groups).
 ONE_STEP = False
