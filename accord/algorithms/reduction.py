@@ -91,6 +91,29 @@ def recursive_doubling(c, acc, op, bf16, tmp):
         c.send(r + p2, acc)
 
 
+def _gather_fold(c, mine, give, out, op, bf16, tmp):
+    """One step, then a fold in rank order: each peer p is sent give(p), and out gets
+    x0 op x1 op ... where x_q is what rank q sent here (mine for this rank; only read,
+    out may be it), the same operand order on every rank. tmp: scratch of (size - 1)
+    x out.size elements, where the peers' parts land."""
+    n, r, k = c.size, c.rank, out.size
+    peers = [p for p in range(n) if p != r]
+    parts = [mine] * n
+    for j, p in enumerate(peers):
+        parts[p] = tmp[j * k:(j + 1) * k]
+    c.exchange(sends=[(p, give(p)) for p in peers], recvs=[(p, parts[p]) for p in peers])
+    if r == 0:
+        # the first op reads mine as its base, so out may be mine itself
+        reduce_into(op, out, parts[1], bf16, base=mine)
+        for p in range(2, n):
+            reduce_into(op, out, parts[p], bf16)
+        return
+    acc = parts[0]                       # scratch: mine (maybe out) is read before out is
+    for p in range(1, n):                # written
+        reduce_into(op, acc, parts[p], bf16)
+    out[...] = acc
+
+
 def gather_reduce(c, acc, op, bf16, tmp):
     """All-reduce in one step: every rank sends its input to every other, then each
     reduces all of them in rank order ((x0 op x1) op x2 ...), so every rank ends with
@@ -101,21 +124,9 @@ def gather_reduce(c, acc, op, bf16, tmp):
     (three for world 3 where this is one), and each step waits for a partner to be
     scheduled where ranks outnumber cores. tmp: scratch of (size - 1) * acc.size
     elements."""
-    n, r, k = c.size, c.rank, acc.size
-    peers = [p for p in range(n) if p != r]
-    parts = [acc] * n
-    for j, p in enumerate(peers):
-        parts[p] = tmp[j * k:(j + 1) * k]
-    c.exchange(sends=[(p, acc) for p in peers], recvs=[(p, parts[p]) for p in peers])
-    # rank 0's input is the left operand of the first op on every rank: rank 0 reduces
-    # into acc (its input), the others into the scratch holding rank 0's part
-    out = parts[0]
-    for p in range(1, n):
-        reduce_into(op, out, parts[p], bf16)
-    if out is not acc:
-        acc[...] = out
+    _gather_fold(c, acc, lambda p: acc, acc, op, bf16, tmp)
     if op == ReduceOp.AVG:
-        finish_avg(acc, n, bf16)
+        finish_avg(acc, c.size, bf16)
 
 
 def ring_reduce_scatter(c, blocks, op, bf16, tmp):
@@ -174,23 +185,7 @@ def direct_reduce_scatter_into(c, ins, out, op, bf16, tmp):
     (gather_reduce's reason), and every rank moves all n blocks where this moves one.
 
     tmp: scratch of (size - 1) * out.size elements."""
-    n, r, m = c.size, c.rank, out.size
-    peers = [p for p in range(n) if p != r]
-    parts = [ins[r]] * n
-    for j, p in enumerate(peers):
-        parts[p] = tmp[j * m:(j + 1) * m]
-    c.exchange(sends=[(p, ins[p]) for p in peers], recvs=[(p, parts[p]) for p in peers])
-    if r == 0:
-        # out = ins[0] op x1 op ...: the first op reads ins[0] as its base, so out may be
-        # ins[0] itself
-        reduce_into(op, out, parts[1], bf16, base=ins[0])
-        for p in range(2, n):
-            reduce_into(op, out, parts[p], bf16)
-        return
-    acc = parts[0]                       # scratch: ins[rank] (maybe out) is read first
-    for p in range(1, n):
-        reduce_into(op, acc, parts[p], bf16)
-    out[...] = acc
+    _gather_fold(c, ins[c.rank], lambda p: ins[p], out, op, bf16, tmp)
 
 
 def doubling_reduce_scatter_into(c, whole, out, op, bf16, tmp, spare):
