@@ -199,6 +199,61 @@ def test_stuck_rank_report_follows_the_wait_two_groups_away(env):
     assert took < 6                # its own 1.5 s timeout
 
 
+def _stuck_behind_a_receive(rank, world):
+    # rank 2 waits in the default group's all_reduce for rank 0, which waits for a
+    # message from rank 1 (a blocking recv, or an irecv's Work.wait), which sleeps
+    x = np.ones(4, np.float32)
+    dist.barrier()
+    if rank == 2:
+        return _timed(lambda: dist.all_reduce(x, timeout=1.5))
+    if rank == 1:
+        time.sleep(4.0)
+        return _timed(lambda: (dist.send(x, dst=0), dist.all_reduce(x, timeout=10.0)))
+    return _timed(lambda: (dist.recv(x, src=1, tag=0, timeout=10.0),
+                           dist.all_reduce(x, timeout=10.0)))
+
+
+def test_stuck_rank_report_shows_a_rank_blocked_in_a_receive(env):
+    res = run_ranks(3, _stuck_behind_a_receive, timeout=40, env=env, expect_fail=True)
+    kind, (name, msg, took) = res[2]
+    assert kind == "ok" and name == "CommTimeout", msg
+    assert "ranks 0, 1 never entered all_reduce #1" in msg, msg
+    assert "rank 0: not inside a call" in msg, msg
+    assert "busy in recv from rank 1 (tag 0, 16 bytes, group 'default') (waiting on rank 1)" \
+        in msg, msg
+    assert took < 6                # its own 1.5 s timeout
+
+
+def _stuck_behind_an_irecv_and_a_group(rank, world):
+    # rank 2 waits in a's all_reduce for rank 0, which waits on an irecv from rank 1,
+    # which waits in c's all_reduce for rank 3, which sleeps: the chain reaches rank 3
+    a, c = dist.new_group([0, 2]), dist.new_group([1, 3])
+    x = np.ones(4, np.float32)
+    dist.barrier()
+    if rank == 2:
+        return _timed(lambda: dist.all_reduce(x, group=a, timeout=1.5))
+    if rank == 3:
+        time.sleep(4.0)
+        return _timed(lambda: dist.all_reduce(x, group=c, timeout=10.0))
+    if rank == 1:
+        return _timed(lambda: (dist.all_reduce(x, group=c, timeout=10.0),
+                               dist.send(x, dst=0, tag=7)))
+    return _timed(lambda: (dist.irecv(x, src=1, tag=7, timeout=10.0).wait(),
+                           dist.all_reduce(x, group=a, timeout=10.0)))
+
+
+def test_stuck_rank_report_follows_a_wait_through_a_receive(env):
+    res = run_ranks(4, _stuck_behind_an_irecv_and_a_group, timeout=40, env=env,
+                    expect_fail=True)
+    kind, (name, msg, took) = res[2]
+    assert kind == "ok" and name == "CommTimeout", msg
+    assert "rank 0 never entered all_reduce #0" in msg, msg
+    assert "following rank 0: rank 0 waits in irecv from rank 1 (tag 7, 16 bytes, group " \
+        "'default') on rank 1; rank 1 waits in all_reduce #0" in msg, msg
+    assert "on rank 3" in msg, msg
+    assert took < 6                # its own 1.5 s timeout
+
+
 def _cross_groups(rank, world):
     g = dist.new_group([0, 1])
     x = np.ones(4, np.float32)

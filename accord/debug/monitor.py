@@ -52,7 +52,8 @@ def _publish_loop():
                 if g._closed is None and getattr(g, "store", None) is not None]
         # a position tells of every group of the process: any change republishes all
         state = tuple((g.recorder.added, id(g.recorder.current), g._seq, g.waiters,
-                       tuple(positions.waiting_on(g)) if g.recorder.current is not None else ())
+                       tuple(positions.waiting_on(g)) if g.recorder.current is not None else (),
+                       len(positions.p2p_waits(g)))
                       for g in live)
         for g in live:
             mark = (state, id(g.recorder.last_done), callsite.count())

@@ -2,7 +2,8 @@
 
 A daemon thread per process (monitor.py) publishes, at most every PERIOD
 seconds and only when something changed, where each of its groups stands (last
-call entered and completed, whom it waits on) to the group's store. No call
+call entered and completed, whom it waits on, and the point-to-point messages its
+threads are blocked on) to the group's store. No call
 ever waits on the store for this. They are read back on error paths only:
 `stuck_report()` (when a call times out, the rank reads every member's position
 back and says who never entered the call and who waits in it), a peer's call
@@ -42,8 +43,14 @@ def position(group):
     if done is not None:
         pos["completed"] = {"seq": done[SEQ], "desc": describe_entry(done), "at": done[T_END]}
     pos["calls"], pos["blocked"], pos["threads"] = {}, [], groups.threaded()
+    pos["p2p"] = []
     for other in groups.live_groups():
         pos["calls"][other.name] = other._seq
+        for w in p2p_waits(other):
+            # a thread blocked on a message is in no collective: without this a rank
+            # waiting for a stopped peer's message would look merely absent
+            pos["p2p"].append(w)
+            pos["elsewhere"].append(f"{w['desc']} (waiting on {ranks_text(w['waiting_on'])})")
         c = other.recorder.current
         if c is None:
             continue
@@ -68,6 +75,24 @@ def waiting_on(group):
     recvs, sends = active
     return sorted({group.ranks[r.peer] for r in recvs if not r.done} |
                   {group.ranks[s.peer] for s in sends if not s.done})
+
+
+def p2p_waits(group):
+    """The point-to-point operations of group that threads are blocked on (in a blocking
+    send or recv, or Work.wait): [{group, ranks, desc, since, waiting_on}], waiting_on
+    the global rank it needs (every other member for a receive from any rank)."""
+    eng = getattr(group, "p2p", None)
+    if eng is None or not eng.waited:
+        return []
+    out = []
+    for op, since in list(eng.waited):
+        if op.done():
+            continue
+        on = ([group.ranks[op.peer]] if op.peer is not None else
+              [r for r in group.ranks if r != group.global_rank])
+        out.append({"group": group.name, "ranks": group.ranks, "desc": op.desc,
+                    "since": since, "waiting_on": on})
+    return out
 
 
 def publish(group):
@@ -148,18 +173,20 @@ def _store_of(group, name):
 
 def wait_chain(group, rank, pos):
     """From a member that never entered the call (global `rank`, its position `pos` in
-    group), the calls it is blocked in elsewhere and the ranks those wait for, hop by
-    hop as each published it: "rank 0 waits in all_reduce #5 (...) of group 'g1' on
+    group), the calls (or point-to-point messages) it is blocked in elsewhere and the
+    ranks those wait for, hop by hop as each published it: "rank 0 waits in all_reduce #5 (...) of group 'g1' on
     rank 1; rank 1 waits in ... on rank 3". The report's own line for a rank shows one
     hop; a rank stuck two groups away is found only this way. "" for one hop or none."""
     hops, seen = [], {rank}
     while pos is not None and len(hops) < CHAIN_MAX:
-        b = next((b for b in pos.get("blocked") or () if b.get("waiting_on")), None)
+        b = next((b for b in (pos.get("blocked") or []) + (pos.get("p2p") or [])
+                  if b.get("waiting_on")), None)
         if b is None:
             break
         on = b["waiting_on"]
-        hops.append(f"rank {rank} waits in {b['desc']} of group {b['group']!r} on "
-                    f"{ranks_text(on)}")
+        # a point-to-point wait's description names its group already
+        where = "" if "seq" not in b else f" of group {b['group']!r}"
+        hops.append(f"rank {rank} waits in {b['desc']}{where} on {ranks_text(on)}")
         nxt = next((w for w in on if w not in seen), None)
         if nxt is None or nxt not in b.get("ranks", ()):
             break

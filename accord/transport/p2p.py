@@ -111,6 +111,9 @@ class Engine:
         self._watching = set()
         self._last_check = 0.0
         self._pid = os.getpid()
+        # [(operation, since)]: the operations threads block on in wait(), for the
+        # positions a stuck-rank report reads (a rank waiting here is not in a collective)
+        self.waited = []
 
     # -- any thread ------------------------------------------------------------------
     def post(self, ops):
@@ -343,13 +346,18 @@ class Engine:
         the group, other threads' too; the engine thread takes over when it leaves."""
         end = None if timeout is None else time.monotonic() + timeout
         spin_end = time.perf_counter() + self.spin_s
+        mark = (future, time.time()) if future.__class__ is Pending else None
         with self._lock:
             self._waiting += 1
+            if mark is not None:
+                self.waited.append(mark)
         try:
             return self._wait(future, end, spin_end)
         finally:
             with self._lock:
                 self._waiting -= 1
+                if mark is not None:
+                    self.waited.remove(mark)
                 if not self._waiting and (self._ops or self._inbox):
                     self._idle.notify()     # the engine thread's turn again
 
