@@ -23,8 +23,11 @@ WORLDS = [1, 2, 3, 4, 5]
 FORCED = {
     "default": {},
     "chain-ring": {"ACCORD_ALGORITHMS": "broadcast=chain,all_gather=ring,all_reduce=ring"},
+    # recursive doubling at every world (over shared memory the one-step algorithms
+    # take a small all_reduce and reduce_scatter where the group is not a power of two)
     "tree-direct-rd": {"ACCORD_ALGORITHMS":
-                       "broadcast=tree,all_gather=direct,all_reduce=recursive_doubling"},
+                       "broadcast=tree,all_gather=direct,all_reduce=recursive_doubling,"
+                       "reduce_scatter=doubling"},
     # a power of two of ranks beyond two (world 4 only): recursive doubling and halving
     "doubling": {"ACCORD_ALGORITHMS": "all_gather=doubling,all_reduce=halving_doubling"},
     # all_reduce and reduce_scatter in one step, at every world and size
@@ -239,7 +242,7 @@ def _reductions(rank, world, full):
 
 @pytest.mark.parametrize("world, forced", params())
 def test_reductions(world, forced):
-    results = run_ranks(world, _reductions, forced in ("default", "tcp", "one-step"),
+    results = run_ranks(world, _reductions, forced in ("default", "tcp", "one-step", "tree-direct-rd"),
                         env=FORCED[forced],
                         timeout=90)
     for r in range(1, world):
@@ -465,14 +468,15 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("broadcast", 512 << 10, shm3, {}) is broadcast.chain
     assert choose("broadcast", 1 << 20, shm3, {}) is slotted.broadcast
     assert choose("broadcast_list", 512 << 10, shm3, {}) is slotted.broadcast_list
+    # slotted cannot run a call this small: the default runs it
     assert choose("all_reduce", 8, shm3, {"all_reduce": "slotted"}) is \
-        reduction.recursive_doubling
+        reduction.gather_reduce
     # the one-step algorithms run where forced, at any size and world
     assert choose("all_reduce", 64 << 10, tcp4, {"all_reduce": "gather_reduce"}) is \
         reduction.gather_reduce
     rs = ALGORITHMS["reduce_scatter"]
-    assert entry("reduce_scatter", 8, shm3, {}) is rs["doubling"]
-    assert entry("reduce_scatter", 8, shm3, {"reduce_scatter": "direct"}) is rs["direct"]
+    assert entry("reduce_scatter", 8, shm3, {}) is rs["direct"]
+    assert entry("reduce_scatter", 8, shm3, {"reduce_scatter": "doubling"}) is rs["doubling"]
     assert choose("broadcast", 16 << 20, tcp4, {"broadcast": "single_copy"}) is broadcast.chain
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
     # forcing broadcast sends lists down the chain too
@@ -483,14 +487,13 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("broadcast_list", 1 << 20, tcp4, {}) is broadcast.chain_pieces
 
 
-def test_the_one_step_algorithms_where_table_one_step_chooses_them(monkeypatch):
+def test_the_one_step_algorithms_where_the_table_chooses_them():
     # a small all_reduce or reduce_scatter of a group that is not a power of two, over
     # shared memory: one step (moving at most 48 KiB in all); over TCP and at world 4
     # as before
     from types import SimpleNamespace
 
     from accord.algorithms import reduction, table
-    monkeypatch.setattr(table, "ONE_STEP", True)
 
     def links(size, fans_out):
         return SimpleNamespace(rank=0, size=size, peer_memory=None, slots=None,

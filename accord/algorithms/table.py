@@ -35,13 +35,6 @@ SMALL = {"broadcast": 256 << 10, "all_gather": 64 << 10, "all_reduce": 64 << 10,
 # gather_reduce's limit: the bytes its one step moves in all (n(n - 1) messages); what the
 # step costs grows with all of them where ranks share cores
 GATHER_REDUCE_BYTES = 48 << 10
-# Whether gather_reduce and the direct reduce_scatter are chosen by default (else only
-# where ACCORD_ALGORITHMS forces them). Not yet: with every input sent in the first
-# step, ranks get further past a peer that stops, and can end up waiting on it where
-# the stuck-rank report does not look, most likely a point-to-point receive (the soak's
-# stop-long fault lost the stopped rank's name in about 1 run in 50 with them on, 2 in
-# 7 before the report followed waits across groups).
-ONE_STEP = False
 
 
 def _small(op):
@@ -90,7 +83,7 @@ ALGORITHMS = {
         # the bytes the one step moves: (n - 1) x the whole input)
         "direct": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
                         reduction.direct_reduce_scatter_into(c, ins, out, op, bf16, tmp),
-                        lambda c, nbytes: ONE_STEP and c.size > 2 and c.size & (c.size - 1)
+                        lambda c, nbytes: c.size > 2 and c.size & (c.size - 1)
                         and c.fans_out and (c.size - 1) * nbytes <= GATHER_REDUCE_BYTES,
                         can_run=lambda c, nbytes: True),
         "doubling": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
@@ -113,12 +106,12 @@ ALGORITHMS = {
         "slotted": Entry(slotted.all_reduce, slotted.all_reduce_applies,
                          scratch=lambda numel, size, itemsize: 0,
                          can_run=slotted.all_reduce_can_run),
-        # (ONE_STEP) small, the group not a power of two, shared memory: one step where recursive
+        # small, the group not a power of two, shared memory: one step where recursive
         # doubling takes three at world 3 (8 B-8 KiB there in 0.51-0.90x its time; world 6
         # at 8 B-1 KiB 0.67-0.97x; over TCP 1.01-1.33x, at a power of two 1.14-1.25x:
         # benchmarks/results/small-messages.md)
         "gather_reduce": Entry(reduction.gather_reduce, lambda c, nbytes:
-                               ONE_STEP and c.size & (c.size - 1) and c.fans_out and
+                               c.size & (c.size - 1) and c.fans_out and
                                c.size * (c.size - 1) * nbytes <= GATHER_REDUCE_BYTES,
                                scratch=lambda numel, size, itemsize: (size - 1) * numel,
                                can_run=lambda c, nbytes: True),
