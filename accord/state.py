@@ -209,8 +209,10 @@ _ROW = _AHEAD_N + 4      # many pieces follow the row (u32)
 _NO_ADDRESS = bytes(16)
 _ENTRY, _AHEAD, _SLOTTED = 1, 2, 3
 # a root holding an entry sends its pieces right behind its row when they come to less
-# than this (and single copy would not take them): see _goes_ahead
+# than AHEAD_MAX, or, beyond a slot's room, when the copies it makes into its receivers'
+# rings come to less than AHEAD_COPIES in all: see _goes_ahead
 AHEAD_MAX = SEGMENTS_MIN_WIDE
+AHEAD_COPIES = 6 << 20
 AHEAD_PIECES = 64
 # ... through the root's shared slot where it has one (False: on every receiver's ring;
 # benchmarks/bench_ahead.py times the two in turn)
@@ -309,7 +311,9 @@ def _goes_ahead(c, e, forced):
     """Whether the root, holding entry e, sends its pieces right behind its row, before
     it knows that the others agree: a small state whose every bucket goes through the
     transport (not by address: two ranks that may copy between memories do that in
-    the agreement's call already), no algorithm forced.
+    the agreement's call already), no algorithm forced. Beyond two ranks over shared
+    memory "small" grows to what costs the root at most AHEAD_COPIES of copies into its
+    receivers' rings (3 MiB at world 3), where the copy by address would take it.
 
     The receivers wait for the rows anyway; taking the pieces in the same wake-up saves
     the round in which the root, having read every row, sends, and each receiver wakes
@@ -319,9 +323,16 @@ def _goes_ahead(c, e, forced):
     if forced:
         return False
     pieces, _, _ = e.stream()
-    if len(pieces) > AHEAD_PIECES or sum(b.total for b in e.buckets) >= AHEAD_MAX:
+    by_address = segments_applies(c)
+    limit = AHEAD_MAX
+    if by_address and c.size > 2:
+        # the copy by address it would replace reads small tensors' 4 KiB pages one by
+        # one: sent ahead, 81 tensors (1.5 MiB) took 0.68-0.74x its time at worlds 3
+        # and 4, while at world 8 (7 copies at the root) 1.4x
+        limit = max(AHEAD_MAX, AHEAD_COPIES // (c.size - 1))
+    if len(pieces) > AHEAD_PIECES or sum(b.total for b in e.buckets) >= limit:
         return False
-    return c.size > 2 or not segments_applies(c)
+    return c.size > 2 or not by_address
 
 
 def _send_ahead(c, e, head, blocks):

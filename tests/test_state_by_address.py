@@ -116,10 +116,9 @@ def test_without_single_copy_a_small_state_follows_the_roots_row_a_large_one_the
     assert run_ranks(2, _steady, _large, 4, {}, env=env) == [["ring", "ring"]] * 2
 
 
-def _wide(rank, world):
-    # a float32 bucket of 2 MiB (by address beyond two ranks) and a small int64 one
-    # (through the rings: the receivers' acknowledgements cost more there)
-    state = {"w": np.full(1 << 19, -1, np.float32), "b": np.full(300, -1, np.int64),
+def _wide(rank, world, mib):
+    # a float32 bucket of `mib` MiB and a small int64 one
+    state = {"w": np.full(mib << 18, -1, np.float32), "b": np.full(300, -1, np.int64),
              "v": np.full(77, -1, np.float32)}
     with _paths() as took:
         for step in range(4):
@@ -129,8 +128,20 @@ def _wide(rank, world):
 
 @pytest.mark.parametrize("world", [3, 4])
 def test_beyond_two_ranks_a_large_bucket_goes_by_address_a_small_one_by_ring(world):
-    took = run_ranks(world, _wide)
+    # 8 MiB: more than the root may copy into its receivers' rings ahead of the
+    # agreement (6 MiB in all), so the large bucket is copied by address and the small
+    # one goes through the rings (the receivers' acknowledgements cost more there)
+    took = run_ranks(world, _wide, 8)
     assert took == [["ring", "address"] * 2] * world, took     # buckets: int64 first
+
+
+@pytest.mark.parametrize("world, ahead", [(3, True), (4, False)])
+def test_beyond_two_ranks_a_state_of_2_mib_goes_ahead_where_its_copies_are_few(world, ahead):
+    # 2 MiB and a little: ahead of the agreement at world 3 (4 MiB of copies at the
+    # root), by address at world 4 (6 MiB and more)
+    took = run_ranks(world, _wide, 2)
+    want = ["ahead"] * 2 if ahead else ["ring", "address"] * 2
+    assert took == [want] * world, took
 
 
 def _roots_take_turns(rank, world):
