@@ -48,6 +48,7 @@ import numpy as np
 
 from ._packing import plan_buckets
 from .buffers import BF16_CODE, is_torch_tensor
+from .byte_stream import ByteStream
 
 # the dicts remembered: a plain dict, or the OrderedDict nn.Module.state_dict() returns
 # (a subclass of either may change what iterating it means)
@@ -138,7 +139,7 @@ class _Entry:
     # 0, new for every entry) and the address of `table`, its (address, length) rows,
     # from which a peer reads where this rank's tensors are (once per token)
     __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes", "table",
-                 "word", "rows", "remote", "_stream", "views")
+                 "word", "rows", "remote", "_stream", "views", "_bytes")
 
     def stream(self):
         """(pieces, copier, layout): every bucket's pieces in order, one hook packing
@@ -154,22 +155,15 @@ class _Entry:
             self._stream = (pieces, piece_copier(segments), layout)
         return self._stream
 
-    def gather(self, mem, at):
-        """Copy every tensor, in stream order (each bucket's packed small tensors, then
-        its large ones: the bytes its pieces carry, back to back), into mem from byte
-        `at` on: the root's side of a stream written once into its shared slot, with
-        no packed buffer between (broadcast_state's _send_ahead)."""
-        for v in self.views:
-            n = len(v)
-            mem[at:at + n] = v
-            at += n
-
-    def scatter(self, mem, at):
-        """gather's other side: the stream's bytes in mem from `at` on into the tensors."""
-        for v in self.views:
-            n = len(v)
-            v[:] = mem[at:at + n]
-            at += n
+    def byte_stream(self):
+        """Every tensor, in stream order (each bucket's packed small tensors, then its
+        large ones: the bytes its pieces carry, back to back), as one ByteStream: what
+        a root that writes its stream into its shared slot copies from, straight from
+        its tensors with no packed buffer between (broadcast_state's _send_ahead), and
+        a receiver copies into. Made once per entry."""
+        if self._bytes is None:
+            self._bytes = ByteStream(self.views)
+        return self._bytes
 
     def valid_for(self, tree, vals):
         """Whether tree still holds exactly the tensors this entry describes."""
@@ -277,7 +271,7 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
         return None
     e.digest = digest
     e.remote = {}
-    e._stream = None
+    e._stream = e._bytes = None
     e.rows = []
     e.views = []
     table = []

@@ -67,6 +67,7 @@ import threading
 import numpy as np
 
 from . import api, flat_state, objects, plans
+from .byte_stream import ByteStream
 from .args import root_rank
 from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
 from .algorithms.single_copy import (SEGMENTS_MIN_WIDE, copy_segments, segment_batches,
@@ -208,15 +209,13 @@ _AHEAD_N = _HAS + 1      # where it has an entry, or (the root) _AHEAD; with _AH
 _ROW = _AHEAD_N + 4      # many pieces follow the row (u32)
 _NO_ADDRESS = bytes(16)
 _ENTRY, _AHEAD, _SLOTTED = 1, 2, 3
-# a root holding an entry sends its pieces right behind its row when they come to less
-# than AHEAD_MAX, or, beyond a slot's room, when the copies it makes into its receivers'
-# rings come to less than AHEAD_COPIES in all: see _goes_ahead
-AHEAD_MAX = SEGMENTS_MIN_WIDE
-AHEAD_COPIES = 6 << 20
-AHEAD_PIECES = 64
-# ... through the root's shared slot where it has one (False: on every receiver's ring;
-# benchmarks/bench_ahead.py times the two in turn)
+# a root holding an entry sends its pieces right behind its row through its shared slot
+# where it has one, at any size (False: on every receiver's ring; benchmarks/bench_ahead.py
+# times the two in turn); on the rings when they come to less than AHEAD_MAX and number
+# at most AHEAD_PIECES: see _goes_ahead
 AHEAD_SLOT = True
+AHEAD_MAX = SEGMENTS_MIN_WIDE
+AHEAD_PIECES = 64
 
 
 def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, then=None,
@@ -309,11 +308,10 @@ def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, 
 
 def _goes_ahead(c, e, forced):
     """Whether the root, holding entry e, sends its pieces right behind its row, before
-    it knows that the others agree: a small state whose every bucket goes through the
-    transport (not by address: two ranks that may copy between memories do that in
-    the agreement's call already), no algorithm forced. Beyond two ranks over shared
-    memory "small" grows to what costs the root at most AHEAD_COPIES of copies into its
-    receivers' rings (3 MiB at world 3), where the copy by address would take it.
+    it knows that the others agree, no algorithm forced: where the group has shared
+    slots (beyond two ranks over shared memory), a state of any size; else a small
+    state whose every bucket goes through the transport (not by address: two ranks
+    that may copy between memories do that in the agreement's call already).
 
     The receivers wait for the rows anyway; taking the pieces in the same wake-up saves
     the round in which the root, having read every row, sends, and each receiver wakes
@@ -323,44 +321,61 @@ def _goes_ahead(c, e, forced):
     if forced:
         return False
     pieces, _, _ = e.stream()
-    by_address = segments_applies(c)
-    limit = AHEAD_MAX
-    if by_address and c.size > 2:
-        # the copy by address it would replace reads small tensors' 4 KiB pages one by
-        # one: sent ahead, 81 tensors (1.5 MiB) took 0.68-0.74x its time at worlds 3
-        # and 4, while at world 8 (7 copies at the root) 1.4x
-        limit = max(AHEAD_MAX, AHEAD_COPIES // (c.size - 1))
-    if len(pieces) > AHEAD_PIECES or sum(b.total for b in e.buckets) >= limit:
+    if _slotted_ahead(c, len(pieces)):
+        # written once into the root's slot, whatever the number of receivers, and
+        # copied out by each: at worlds 3, 4 and 8 faster than the copy by address at
+        # every size measured, 81 tensors (1.5 MiB) to 100 (50 MiB)
+        return True
+    if len(pieces) > AHEAD_PIECES or sum(b.total for b in e.buckets) >= AHEAD_MAX:
         return False
-    return c.size > 2 or not by_address
+    return c.size > 2 or not segments_applies(c)
+
+
+def _slotted_ahead(c, npieces):
+    """Whether a root sending ahead writes into its shared slot (_send_ahead): the group
+    has slots, and the pieces' sizes fit in the first chunk."""
+    s = c.slots if AHEAD_SLOT else None
+    return s is not None and 8 * npieces <= s.room
 
 
 def _send_ahead(c, e, head, blocks):
     """The root's side of an agreement it sends its pieces with: its row, the pieces'
     sizes, then the pieces, to every receiver, in one step with reading their rows.
 
-    Where the group has shared slots (shared memory beyond two ranks) and the sizes
-    and the pieces fit in one piece of the root's slot, they are written there once,
-    straight from the tensors, and the row is followed by the slot position alone
-    (_SLOTTED): each receiver copies its tensors straight out of it, where the
-    rings would take a packed copy, then one copy per receiver into its ring, then
-    one out of it and an unpacked one on every receiver (world 3 on 2 cores, 10
-    tensors of 238 KiB in all: benchmarks/results/small-messages.md)."""
+    Where the group has shared slots (shared memory beyond two ranks), the sizes and
+    the pieces' bytes are written there once, straight from the tensors, in chunks of
+    at most the slot's room, each announced by its position alone (_SLOTTED): each
+    receiver copies its tensors straight out of them, where the rings would take a
+    packed copy, then one copy per receiver into its ring, then one out of it and an
+    unpacked one on every receiver (world 3 on 2 cores, 10 tensors of 238 KiB in all:
+    benchmarks/results/small-messages.md). The row goes first: a chunk that waits for
+    room in the slot waits for receivers that need the row to start copying."""
     pieces, pack, layout = e.stream()
     peers = [p for p in range(c.size) if p != c.rank]
     s = c.slots
-    nbytes = len(layout) + sum(b.total for b in e.buckets)
-    if AHEAD_SLOT and s is not None and nbytes <= s.room:
-        at, mem = c.claim(peers, nbytes)
-        mem[:len(layout)] = layout
-        e.gather(mem, len(layout))
-        del mem
+    recvs = [(p, blocks[p]) for p in peers]
+    if _slotted_ahead(c, len(pieces)):
+        full = len(layout) + sum(b.total for b in e.buckets)
         row = head + bytes([_SLOTTED]) + struct.pack("<I", len(pieces))
         blocks[c.rank][:] = row
-        where = struct.pack("<qq", at, nbytes)
-        c.exchange(sends=[(p, row) for p in peers] + [(p, where) for p in peers],
-                   recvs=[(p, blocks[p]) for p in peers])
-        return
+        stream = e.byte_stream()
+        sends = [(p, row) for p in peers]
+        lo, k = 0, len(layout)
+        while True:                 # chunk by chunk: one, holding just the sizes, at least
+            hi = min(full, lo + s.room)
+            at, mem = c.claim(peers, hi - lo)
+            if lo == 0:
+                mem[:k] = layout
+                stream.gather(mem[k:], 0, hi - k)
+            else:
+                stream.gather(mem, lo - k, hi - k)
+            del mem
+            where = struct.pack("<qq", at, hi - lo)
+            c.exchange(sends=sends + [(p, where) for p in peers],
+                       recvs=recvs if hi == full else ())
+            if hi == full:
+                return
+            sends, lo = [], hi
     row = head + bytes([_AHEAD]) + struct.pack("<I", len(pieces))
     for i in range(len(pieces)):
         pack(i)
@@ -400,52 +415,65 @@ def _take_ahead(c, root, table, into):
 
 
 def _take_slotted(c, root, table, into, entry):
-    """A receiver's side of _send_ahead through the root's slot: the position of the
-    piece holding the pieces' sizes and then their bytes; copied into this rank's
-    tensors (straight, with its flat_state entry; else into()'s pieces, then its
-    finish()) where the structures agree (into is not None), else left unread.
-    The piece is released either way; whether this rank's state was written."""
+    """A receiver's side of _send_ahead through the root's slot: the position of each
+    chunk, the first holding the pieces' sizes, then the pieces' bytes; copied into
+    this rank's tensors (straight, with its flat_state entry; else into()'s pieces,
+    then its finish()) where the structures agree (into is not None), else left
+    unread. Every chunk is released either way; whether this rank's state was
+    written."""
     n = struct.unpack_from("<I", table, root * _ROW + _AHEAD_N)[0]
-    where = bytearray(16)
-    c.recv(root, where)
-    at, nbytes = struct.unpack("<qq", where)
     s = c.slots
-    if nbytes < 8 * n:
-        raise s.disagree(f"{s.peer_desc(root)} put {nbytes} bytes in its shared slot for "
-                         f"broadcast_state's {n} pieces")
-    mem = s.piece(root, at, nbytes)
-    try:
-        if into is None:
-            return False
-        if entry is not None:
-            _, _, layout = entry.stream()
-            if len(layout) == 8 * n and mem[:8 * n] == layout and \
-                    nbytes == 8 * n + sum(b.total for b in entry.buckets):
-                entry.scatter(mem, 8 * n)
-                return True
-            sizes = np.frombuffer(mem[:8 * n], np.uint64).tolist()
-            pieces = ()
-        else:
-            sizes = np.frombuffer(mem[:8 * n], np.uint64).tolist()
-            pieces, after, finish = into()
-        if [len(memoryview(p).cast("B")) for p in pieces] != sizes or \
-                8 * n + sum(sizes) != nbytes:
-            # equal digests and bucket sizes cut equal pieces; anything else is a bug
-            raise Desync(f"broadcast_state: src rank's pieces ({len(sizes)}) do not match "
-                         f"this rank's layout for the same structure")
-        off = 8 * n
-        for i, p in enumerate(pieces):
-            v = memoryview(p).cast("B")
-            v[:] = mem[off:off + len(v)]
-            off += len(v)
-            if after is not None:
-                after(i)
-        if finish is not None:
-            finish()
-        return True
-    finally:
-        del mem
-        s.release(root, at, nbytes)
+    where = bytearray(16)
+    dest, finish = None, None
+    full, pos = None, 0             # the chunks' bytes in all (sizes, then the pieces)
+    while full is None or pos < full:
+        c.recv(root, where)
+        at, nbytes = struct.unpack("<qq", where)
+        want = nbytes if full is None else min(s.room, full - pos)
+        if nbytes != want or (full is None and nbytes < 8 * n):
+            raise s.disagree(f"{s.peer_desc(root)} put {nbytes} bytes in its shared slot "
+                             f"for broadcast_state's chunk of {want} ({n} pieces)")
+        mem = s.piece(root, at, nbytes)
+        try:
+            skip = 0
+            if full is None:
+                sizes = np.frombuffer(mem[:8 * n], np.uint64).tolist()
+                full = 8 * n + sum(sizes)
+                if nbytes != min(s.room, full):
+                    raise s.disagree(f"{s.peer_desc(root)} put {nbytes} bytes in its "
+                                     f"shared slot for broadcast_state's {full} in chunks "
+                                     f"of {s.room}")
+                if into is not None:
+                    dest, finish = _slotted_dest(into, entry, mem[:8 * n], sizes)
+                skip = 8 * n
+            if dest is not None:
+                dest.scatter(mem[skip:], pos + skip - 8 * n, pos + nbytes - 8 * n)
+        finally:
+            del mem
+            s.release(root, at, nbytes)
+        pos += nbytes
+    if dest is None:
+        return False
+    if finish is not None:
+        finish()
+    return True
+
+
+def _slotted_dest(into, entry, layout, sizes):
+    """(ByteStream, finish() or None): where a receiver copies the root's slotted chunks
+    (its flat_state entry's tensors, else into()'s pieces); Desync where their sizes
+    are not the root's (equal digests and bucket sizes cut equal pieces: a bug)."""
+    if entry is not None:
+        if layout == entry.stream()[2]:
+            return entry.byte_stream(), None
+        pieces = ()
+    else:
+        pieces, after, finish = into()
+    views = [memoryview(p).cast("B") for p in pieces]
+    if [len(v) for v in views] != sizes:
+        raise Desync(f"broadcast_state: src rank's pieces ({len(sizes)}) do not match "
+                     f"this rank's layout for the same structure")
+    return ByteStream(views, after), finish
 
 
 def _agreed(table, root, size):

@@ -127,21 +127,48 @@ def _wide(rank, world, mib):
 
 
 @pytest.mark.parametrize("world", [3, 4])
-def test_beyond_two_ranks_a_large_bucket_goes_by_address_a_small_one_by_ring(world):
-    # 8 MiB: more than the root may copy into its receivers' rings ahead of the
-    # agreement (6 MiB in all), so the large bucket is copied by address and the small
-    # one goes through the rings (the receivers' acknowledgements cost more there)
+def test_beyond_two_ranks_every_bucket_goes_through_the_roots_slot(world):
+    # 8 MiB and a little: written into the root's shared slot in eight chunks and a
+    # tail, behind its row, and copied out by every receiver (a bucket of each dtype)
     took = run_ranks(world, _wide, 8)
+    assert took == [["ahead", "ahead"]] * world, took
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_without_slots_a_large_bucket_goes_by_address_a_small_one_by_ring(world):
+    # an arena too small for shared slots: the large bucket is copied by address, the
+    # small one goes through the rings (the receivers' acknowledgements cost more there)
+    took = run_ranks(world, _wide, 8, env={"ACCORD_SHM_ARENA": "1M"})
     assert took == [["ring", "address"] * 2] * world, took     # buckets: int64 first
 
 
-@pytest.mark.parametrize("world, ahead", [(3, True), (4, False)])
-def test_beyond_two_ranks_a_state_of_2_mib_goes_ahead_where_its_copies_are_few(world, ahead):
-    # 2 MiB and a little: ahead of the agreement at world 3 (4 MiB of copies at the
-    # root), by address at world 4 (6 MiB and more)
-    took = run_ranks(world, _wide, 2)
-    want = ["ahead"] * 2 if ahead else ["ring", "address"] * 2
-    assert took == [want] * world, took
+def _short_tail():
+    # two pieces of 1 MiB - 4 bytes: the chunks (the 16-byte sizes list, then the bytes)
+    # are 1 MiB, 1 MiB and 8 bytes, the last shorter than the sizes list
+    return {"a": np.full((1 << 18) - 1, -1, np.float32),
+            "b": np.full((1 << 18) - 1, -1, np.float32)}
+
+
+def test_a_last_chunk_shorter_than_the_sizes_list_is_taken():
+    assert run_ranks(3, _steady, _short_tail, 4, {}) == [["ahead", "ahead"]] * 3
+
+
+def _fresh_receiver(rank, world):
+    # the last rank passes a new dict of the same tensors every call (never remembered):
+    # it takes the root's chunks on the general path, into its packed and large pieces
+    state = {f"p{i}": np.full(int(3 * 1.9 ** i), -1, np.float32) for i in range(20)}
+    state["ids"] = np.full(70000, -1, np.int64)
+    with _paths() as took:
+        for step in range(5):
+            _sync(dict(state) if rank == world - 1 else state, rank, step)
+    return took
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_a_receiver_on_the_general_path_takes_the_roots_chunks(world):
+    took = run_ranks(world, _fresh_receiver)
+    assert took[:-1] == [["ahead"] * 3] * (world - 1), took
+    assert took[-1] == ["ahead"] * 3, took
 
 
 def _roots_take_turns(rank, world):
@@ -244,7 +271,9 @@ def _dies_mid_copy(rank, world, victim):
 
 @pytest.mark.parametrize("world,victim", [(2, 1), (2, 0), (3, 2)])
 def test_a_rank_that_dies_inside_the_copy_is_reported_not_waited_for(world, victim):
-    out = run_ranks(world, _dies_mid_copy, victim, timeout=60, expect_fail=True)
+    # beyond two ranks only an arena without shared slots copies by address
+    env = {"ACCORD_SHM_ARENA": "1M"} if world > 2 else {}
+    out = run_ranks(world, _dies_mid_copy, victim, timeout=60, expect_fail=True, env=env)
     assert out[victim][0] == "died", out
     for r in range(world):
         if r == victim:
@@ -282,6 +311,29 @@ def test_a_rank_that_dies_as_the_root_sends_ahead_is_reported_not_waited_for(vic
             kind, (name, msg, took) = out[r]
             assert kind == "ok" and name == "PeerLost" and f"rank {victim}" in msg, out[r]
             assert took < 10, out[r]
+
+
+def _dies_taking_chunks(rank, world, victim):
+    """A receiver dies as it would take the root's chunks (6 MiB: more than the root's
+    slot holds at once, so the root waits for it to copy some out): the root, and
+    the other receiver where it needs the victim, get PeerLost naming it."""
+    big = {f"w{i}": np.full(1 << 18, -1, np.float32) for i in range(6)}
+    with _paths() as took:
+        for step in range(3):
+            _sync(big, rank, step)
+    assert took == ["ahead"], took
+    return _sync_where_one_dies(big, rank, victim, "_take_slotted")
+
+
+def test_a_receiver_that_dies_while_the_root_writes_its_slot_is_reported_not_waited_for():
+    out = run_ranks(3, _dies_taking_chunks, 2, timeout=60, expect_fail=True)
+    assert out[2][0] == "died", out
+    kind, (name, msg, took) = out[0]
+    assert kind == "ok" and name == "PeerLost" and "rank 2" in msg, out[0]
+    assert took < 10, out[0]
+    kind, (name, msg, took) = out[1]
+    # rank 1 needs nothing of rank 2 once the rows are in: it may finish this call
+    assert kind == "ok" and name in ("ok", "PeerLost") and took < 10, out[1]
 
 
 def _ahead_how(rank, world):

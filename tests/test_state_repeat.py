@@ -330,7 +330,8 @@ def _ahead_then_mismatch(rank, world, change, n):
     (3, 10, {"ACCORD_SHM_ARENA": "1M"}),        # ... on the rings (no slots in the arena)
     (4, 10, {}),
     (3, 17, {"ACCORD_SHM_CMA": "64K"}),         # the large pieces read out of the root
-], ids=["2-tcp", "3", "3-no-slots", "4", "3-single-copy"])
+    (3, 20, {}),                                # 5.2 MiB: six chunks of the root's slot
+], ids=["2-tcp", "3", "3-no-slots", "4", "3-single-copy", "3-chunks"])
 @pytest.mark.parametrize("change", ["shape", "bucket_bytes"])
 def test_a_root_that_sent_its_pieces_with_its_row_writes_nothing_on_a_mismatch(world, n, env,
                                                                                change):
