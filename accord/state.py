@@ -40,19 +40,21 @@ where its tensors are, and a bucket is copied tensor to tensor with no packing:
 at world 2 the receiver reads the front half of the bucket's bytes out of the
 root's tensors while the root writes the back half into the receiver's (a few
 system calls for the whole bucket, `copy_segments` in algorithms/single_copy.py);
-beyond two ranks each receiver reads a bucket of 1 MiB or more itself, and a
-smaller one still goes through the rings. Every rank holding an entry, the buckets
-move in the agreement's own call.
+beyond two ranks, where the arena has no shared slots, each receiver reads a bucket
+of 1 MiB or more itself, and a smaller one still goes through the rings. Every rank
+holding an entry, the buckets move in the agreement's own call.
 
-A root holding an entry for a small state (under 1 MiB, every bucket going through
-the transport: beyond two ranks, or without single copy) does not wait for the
-agreement before it sends: its pieces follow its row in the same step, and each
-receiver takes them once it holds every row, into its tensors where the structures
-agree, into scratch where they do not (so nothing is written and the links stay
-clean). A small sync then costs the agreement's one round, not a second one in
-which the receivers wait again for the root. Beyond two ranks over shared memory
-the root writes them once, straight from its tensors, into its shared slot
-(transport/slots.py), and each receiver copies them from there straight into its
+A root holding an entry does not wait for the agreement before it sends, beyond two
+ranks over shared memory (where the arena holds shared slots) at any size, elsewhere
+for a small state (under 1 MiB, every bucket going through the transport: without
+single copy): its pieces follow its row in the same step, and each receiver takes
+them once it holds every row, into its tensors where the structures agree, into
+scratch where they do not (so nothing is written and the links stay clean). A sync
+then costs the agreement's one round, not a second one in which the receivers wait
+again for the root. Beyond two ranks over shared memory the root writes them once,
+straight from its tensors, into its shared slot (transport/slots.py), in chunks of
+the slot's room (a receiver's copy of one overlapping the root's of the next), and
+each receiver copies them from there straight into its
 own tensors, or leaves them unread where the structures differ.
 """
 from __future__ import annotations
