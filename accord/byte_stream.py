@@ -6,25 +6,22 @@ each receiver copies every piece back out into its own buffers, which may cut th
 same stream elsewhere (its own tensors, or the general path's packed arrays).
 """
 import bisect
-from typing import Callable, List, Optional
+from typing import List
 
 
 class ByteStream:
     """Byte views, in order, as one stream: gather() copies a range of the stream into
     a contiguous buffer, scatter() a contiguous buffer into a range of the stream."""
-    __slots__ = ("views", "ends", "after", "_due")
+    __slots__ = ("views", "ends")
 
-    def __init__(self, views: List[memoryview], after: Optional[Callable[[int], None]] = None):
-        """views: byte memoryviews (format "B"); after(i): run once scatter() has written
-        the last byte of view i (a receiver unpacking a packed array), views in order."""
+    def __init__(self, views: List[memoryview]):
+        """views: byte memoryviews (format "B"), in stream order."""
         self.views = views
         ends, n = [], 0
         for v in views:
             n += len(v)
             ends.append(n)
         self.ends = ends
-        self.after = after
-        self._due = 0
 
     @property
     def nbytes(self) -> int:
@@ -55,10 +52,9 @@ class ByteStream:
             mem[at:at + k] = views[i][off:off + k]
 
     def scatter(self, mem: memoryview, lo: int, hi: int) -> None:
-        """Copy mem[0:hi - lo] into stream bytes lo..hi (ranges in increasing order, when
-        `after` is given: it runs for every view that ends at or before hi)."""
+        """Copy mem[0:hi - lo] into stream bytes lo..hi."""
         views = self.views
-        if lo == 0 and hi == self.nbytes and self.after is None:
+        if lo == 0 and hi == self.nbytes:       # the whole stream: no view is cut
             at = 0
             for v in views:
                 n = len(v)
@@ -67,9 +63,3 @@ class ByteStream:
             return
         for i, off, at, k in self._spans(lo, hi):
             views[i][off:off + k] = mem[at:at + k]
-        after = self.after
-        if after is not None:
-            ends = self.ends
-            while self._due < len(ends) and ends[self._due] <= hi:
-                after(self._due)
-                self._due += 1

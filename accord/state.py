@@ -463,19 +463,28 @@ def _take_slotted(c, root, table, into, entry):
 
 def _slotted_dest(into, entry, layout, sizes):
     """(ByteStream, finish() or None): where a receiver copies the root's slotted chunks
-    (its flat_state entry's tensors, else into()'s pieces); Desync where their sizes
-    are not the root's (equal digests and bucket sizes cut equal pieces: a bug)."""
+    (its flat_state entry's tensors, else into()'s pieces; finish() runs into()'s
+    after(i) for every piece, then its finish(), once all are in); Desync where their
+    sizes are not the root's (equal digests and bucket sizes cut equal pieces: a bug)."""
+    pieces, after, finish = (), None, None
     if entry is not None:
         if layout == entry.stream()[2]:
             return entry.byte_stream(), None
-        pieces = ()
     else:
         pieces, after, finish = into()
     views = [memoryview(p).cast("B") for p in pieces]
     if [len(v) for v in views] != sizes:
         raise Desync(f"broadcast_state: src rank's pieces ({len(sizes)}) do not match "
                      f"this rank's layout for the same structure")
-    return ByteStream(views, after), finish
+    if after is None:
+        return ByteStream(views), finish
+
+    def finish_all():
+        for i in range(len(views)):
+            after(i)
+        if finish is not None:
+            finish()
+    return ByteStream(views), finish_all
 
 
 def _agreed(table, root, size):

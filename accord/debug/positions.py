@@ -174,8 +174,8 @@ def _store_of(group, name):
 def wait_chain(group, rank, pos):
     """From a member that never entered the call (global `rank`, its position `pos` in
     group), the calls (or point-to-point messages) it is blocked in elsewhere and the
-    ranks those wait for, hop by hop as each published it: "rank 0 waits in all_reduce #5 (...) of group 'g1' on
-    rank 1; rank 1 waits in ... on rank 3". The report's own line for a rank shows one
+    ranks those wait for, hop by hop as each published it: "rank 0 waits in
+    all_reduce #5 (...) of group 'g1' on rank 1; rank 1 waits in ... on rank 3". The report's own line for a rank shows one
     hop; a rank stuck two groups away is found only this way. "" for one hop or none."""
     hops, seen = [], {rank}
     while pos is not None and len(hops) < CHAIN_MAX:

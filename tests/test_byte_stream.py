@@ -1,0 +1,47 @@
+"""ByteStream: buffers taken as one stream, copied range by range, whatever the cuts."""
+import numpy as np
+import pytest
+
+from accord.byte_stream import ByteStream
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _views(sizes, fill=None):
+    bufs = [bytearray(n) if fill is None else bytearray(fill(i, n)) for i, n in enumerate(sizes)]
+    return bufs, [memoryview(b) for b in bufs]
+
+
+@pytest.mark.parametrize("sizes", [[5, 0, 17, 1, 0, 64, 3], [100], [0, 0, 9], []],
+                         ids=["cut-and-empty", "one", "leading-empty", "none"])
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
+def test_chunks_of_any_size_gather_and_scatter_the_whole_stream(sizes, chunk):
+    rng = np.random.default_rng(len(sizes) * 1000 + chunk)
+    src_bufs, src = _views(sizes, lambda i, n: rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    dst_bufs, dst = _views(sizes)
+    total = sum(sizes)
+    gathered, scattered = ByteStream(src), ByteStream(dst)
+    assert gathered.nbytes == total
+    whole = bytearray()
+    for lo in range(0, total, chunk):
+        hi = min(total, lo + chunk)
+        piece = memoryview(bytearray(hi - lo))
+        gathered.gather(piece, lo, hi)
+        whole += piece
+        scattered.scatter(piece, lo, hi)
+    assert bytes(whole) == b"".join(src_bufs)
+    assert dst_bufs == src_bufs
+
+
+def test_a_range_inside_one_view_and_across_three():
+    _, src = _views([4, 4, 4], lambda i, n: bytes([i * 10 + k for k in range(n)]))
+    s = ByteStream(src)
+    out = memoryview(bytearray(2))
+    s.gather(out, 1, 3)
+    assert bytes(out) == bytes([1, 2])
+    out = memoryview(bytearray(6))
+    s.gather(out, 3, 9)
+    assert bytes(out) == bytes([3, 10, 11, 12, 13, 20])
+    bufs, dst = _views([4, 4, 4])
+    ByteStream(dst).scatter(memoryview(bytes([7, 8, 9, 10, 11, 12])), 3, 9)
+    assert bufs == [bytearray([0, 0, 0, 7]), bytearray([8, 9, 10, 11]), bytearray([12, 0, 0, 0])]
