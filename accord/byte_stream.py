@@ -41,7 +41,10 @@ class ByteStream:
     def gather(self, mem: memoryview, lo: int, hi: int) -> None:
         """Copy stream bytes lo..hi into mem[0:hi - lo]."""
         views = self.views
-        if lo == 0 and hi == self.nbytes:       # the whole stream: no view is cut
+        # the whole stream (a state within one chunk): no view is cut, and a plain loop
+        # saves the spans' generator (world 3, 10 and 30 tensors: 0.85-0.9x the sync's
+        # time in four rounds against it)
+        if lo == 0 and hi == self.nbytes:
             at = 0
             for v in views:
                 n = len(v)
