@@ -122,6 +122,7 @@ class ProcessGroup:
         plane.history = self._history
         plane.site_text = self._site_text
         plane.reason_of = self._abort_reason
+        plane.peer_text = lambda peer: debug.peer_text(self, peer)
         self.p2p = Engine(plane, self.name, self.ranks, f"rank {self.global_rank}")
 
     def p2p_op(self, opname, is_send, peer, view, tag, timeout=None, finish=None, entry=None):

@@ -1,4 +1,5 @@
 """Mismatched calls raise a Desync on every involved rank that names each side's call."""
+import re
 import time
 
 import numpy as np
@@ -251,6 +252,30 @@ def test_stuck_rank_report_follows_a_wait_through_a_receive(env):
     assert "following rank 0: rank 0 waits in irecv from rank 1 (tag 7, 16 bytes, group " \
         "'default') on rank 1; rank 1 waits in all_reduce #0" in msg, msg
     assert "on rank 3" in msg, msg
+    assert took < 6                # its own 1.5 s timeout
+
+
+def _receive_from_a_stuck_rank(rank, world):
+    # rank 1 waits for a message from rank 0, which waits in an all_reduce for rank 2,
+    # which sleeps: rank 1's timeout must say where rank 0 is, and so name rank 2
+    x = np.ones(4, np.float32)
+    dist.barrier()
+    if rank == 1:
+        return _timed(lambda: dist.recv(x, src=0, tag=3, timeout=1.5))
+    if rank == 2:
+        time.sleep(4.0)
+        return _timed(lambda: dist.all_reduce(x, timeout=10.0))
+    return _timed(lambda: (dist.all_reduce(x, timeout=10.0), dist.send(x, dst=1, tag=3)))
+
+
+def test_a_point_to_point_timeout_says_what_the_peer_waits_for(env):
+    res = run_ranks(3, _receive_from_a_stuck_rank, timeout=40, env=env, expect_fail=True)
+    kind, (name, msg, took) = res[1]
+    assert kind == "ok" and name == "CommTimeout", msg
+    assert "recv from rank 0 (tag 3, 16 bytes, group 'default'): Timed out after 1.5 s" in msg
+    assert "; rank 0 meanwhile: waiting in all_reduce #1" in msg, msg
+    # it waits on rank 2 (and, over shared memory, on rank 1, which never entered it)
+    assert re.search(r"\(on ranks? (1, )?2\)", msg), msg
     assert took < 6                # its own 1.5 s timeout
 
 

@@ -20,11 +20,11 @@ the world, chrome_trace), and `dump`, the flight recorder written on demand.
 from .callsite import call_site, site_text
 from .groups import live_groups, on_main_thread, unregister
 from .monitor import register
-from .positions import published_site_text, stuck_report
+from .positions import peer_text, published_site_text, stuck_report
 from .recorder import (DONE, ERROR, FAILED, RUNNING, SEQ, STATE, T_END, T_START, Recorder,
                        describe_entry, dump, load_dumps, on_error)
 
 __all__ = ["call_site", "site_text", "live_groups", "on_main_thread", "unregister", "register",
-           "published_site_text", "stuck_report", "DONE", "ERROR", "FAILED", "RUNNING", "SEQ",
-           "STATE", "T_END", "T_START", "Recorder", "describe_entry", "dump", "load_dumps",
-           "on_error"]
+           "peer_text", "published_site_text", "stuck_report", "DONE", "ERROR", "FAILED",
+           "RUNNING", "SEQ", "STATE", "T_END", "T_START", "Recorder", "describe_entry", "dump",
+           "load_dumps", "on_error"]

@@ -171,13 +171,14 @@ def _store_of(group, name):
     return group.store
 
 
-def wait_chain(group, rank, pos):
+def wait_chain(group, rank, pos, skip=()):
     """From a member that never entered the call (global `rank`, its position `pos` in
     group), the calls (or point-to-point messages) it is blocked in elsewhere and the
     ranks those wait for, hop by hop as each published it: "rank 0 waits in
     all_reduce #5 (...) of group 'g1' on rank 1; rank 1 waits in ... on rank 3". The report's own line for a rank shows one
-    hop; a rank stuck two groups away is found only this way. "" for one hop or none."""
-    hops, seen = [], {rank}
+    hop; a rank stuck two groups away is found only this way. "" for one hop or none.
+    skip: global ranks not to follow (the rank asking, which knows where it is)."""
+    hops, seen = [], {rank, *skip}
     while pos is not None and len(hops) < CHAIN_MAX:
         b = next((b for b in (pos.get("blocked") or []) + (pos.get("p2p") or [])
                   if b.get("waiting_on")), None)
@@ -194,6 +195,30 @@ def wait_chain(group, rank, pos):
         pos = read_position(_store_of(group, b["group"]), b["group"], b["ranks"].index(nxt))
         rank = nxt
     return "; ".join(hops) if len(hops) > 1 else ""
+
+
+def peer_text(group, peer):
+    """"; rank 0 meanwhile: waiting in all_reduce #12 (...) (on rank 3)", and the chain
+    from there: what group rank `peer` was doing, as it last published, for a
+    point-to-point timeout on it ("" where it published nothing or was in no call)."""
+    if getattr(group, "store", None) is None:
+        return ""
+    pos = _read_position(group, peer)
+    if pos is None:
+        return ""
+    glob = group.ranks[peer]
+    parts = []
+    ent = pos.get("entered")
+    if ent is not None:
+        on = pos.get("waiting_on")
+        parts.append(f"waiting in {ent['desc']}" + (f" (on {ranks_text(on)})" if on else ""))
+    if pos.get("elsewhere"):
+        parts.append("busy in " + "; ".join(pos["elsewhere"]))
+    if not parts:
+        return ""
+    text = f"; rank {glob} meanwhile: " + "; ".join(parts)
+    chain = wait_chain(group, glob, pos, skip=(group.global_rank,))
+    return text + (f"; following rank {glob}: {chain}" if chain else "")
 
 
 def _ago(t, now):

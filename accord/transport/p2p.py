@@ -658,8 +658,20 @@ class Engine:
                 why = (f"no message with tag {op.tag} arrived from {src} (is it sending to "
                        f"this rank with the same tag and group?)")
             self._fail(op, CommTimeout(f"{self.here}: {op.desc}: Timed out after "
-                                       f"{op.timeout:g} s: {why}"))
+                                       f"{op.timeout:g} s: {why}{self._peer_text(op.peer)}"))
         return nearest
+
+    def _peer_text(self, peer):
+        """What the peer an operation timed out on was doing, as it last published it
+        (the medium's `peer_text` hook: its group's positions), or "": a peer that is
+        itself stuck on a third rank names that rank (error paths only)."""
+        hook = getattr(self.t, "peer_text", None)
+        if hook is None or peer is None:
+            return ""
+        try:
+            return hook(peer)
+        except Exception:           # a report that cannot be made must not hide the timeout
+            return ""
 
     def _filling(self, r):
         inc = self.t.links[r.peer].incoming
