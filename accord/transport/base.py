@@ -110,6 +110,9 @@ class Transport(Protocol):
     history: Optional[Callable[[int], Optional[str]]]      # seq -> this rank's call then
     site_text: Optional[Callable[[int], Optional[str]]]    # call site id -> "file:line"
     reason_of: Optional[Callable[[int], Optional[Exception]]]  # peer -> its abort reason
+    # the point-to-point plane's: peer -> what it was doing as it last published ("" if
+    # unknown), appended to a point-to-point timeout's message
+    peer_text: Optional[Callable[[int], str]]
     op_desc: str                        # the call in progress, for messages
     current: Optional[tuple]            # (op, seq, group name) of the running collective
     active: Optional[tuple]             # (recvs, sends) being waited on, for reports
