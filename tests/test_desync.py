@@ -261,7 +261,11 @@ def _receive_from_a_stuck_rank(rank, world):
     x = np.ones(4, np.float32)
     dist.barrier()
     if rank == 1:
-        return _timed(lambda: dist.recv(x, src=0, tag=3, timeout=1.5))
+        out = _timed(lambda: dist.recv(x, src=0, tag=3, timeout=1.5))
+        # then the calls the others make, so that the group ends clean
+        dist.all_reduce(x, timeout=10.0)
+        dist.recv(x, src=0, tag=3, timeout=10.0)
+        return out
     if rank == 2:
         time.sleep(4.0)
         return _timed(lambda: dist.all_reduce(x, timeout=10.0))
