@@ -53,7 +53,7 @@ def _publish_loop():
         # a position tells of every group of the process: any change republishes all
         state = tuple((g.recorder.added, id(g.recorder.current), g._seq, g.waiters,
                        tuple(positions.waiting_on(g)) if g.recorder.current is not None else (),
-                       len(positions.p2p_waits(g)))
+                       len(g.p2p.waited) if g.p2p is not None else 0)
                       for g in live)
         for g in live:
             mark = (state, id(g.recorder.last_done), callsite.count())
