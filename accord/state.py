@@ -46,8 +46,8 @@ holding an entry, the buckets move in the agreement's own call.
 
 A root holding an entry does not wait for the agreement before it sends, beyond two
 ranks over shared memory (where the arena holds shared slots) at any size, elsewhere
-for a small state (under 1 MiB, every bucket going through the transport: without
-single copy): its pieces follow its row in the same step, and each receiver takes
+for a small state (under 1 MiB, every bucket going through the transport, at two
+ranks too, where a larger state goes by address): its pieces follow its row in the same step, and each receiver takes
 them once it holds every row, into its tensors where the structures agree, into
 scratch where they do not (so nothing is written and the links stay clean). A sync
 then costs the agreement's one round, not a second one in which the receivers wait
@@ -312,8 +312,11 @@ def _goes_ahead(c, e, forced):
     """Whether the root, holding entry e, sends its pieces right behind its row, before
     it knows that the others agree, no algorithm forced: where the group has shared
     slots (beyond two ranks over shared memory), a state of any size; else a small
-    state whose every bucket goes through the transport (not by address: two ranks
-    that may copy between memories do that in the agreement's call already).
+    state (under AHEAD_MAX, in at most AHEAD_PIECES pieces), through the transport,
+    two ranks that may copy between memories included: at world 2 over shared memory
+    the copy by address waits for the agreement's round first, and for 10 or 30 small
+    tensors (238 and 602 KiB) the rings behind the row took 0.75-0.85x its time
+    (paired runs; benchmarks/results/small-messages.md).
 
     The receivers wait for the rows anyway; taking the pieces in the same wake-up saves
     the round in which the root, having read every row, sends, and each receiver wakes
@@ -330,7 +333,7 @@ def _goes_ahead(c, e, forced):
         return True
     if len(pieces) > AHEAD_PIECES or sum(b.total for b in e.buckets) >= AHEAD_MAX:
         return False
-    return c.size > 2 or not segments_applies(c)
+    return True
 
 
 def _slotted_ahead(c, npieces):

@@ -1,6 +1,7 @@
-"""broadcast_state synced again over shared memory: at two ranks each receiver's
-tensors copied straight out of the root's (process_vm_readv / writev over lists of
-segments), no packing; beyond two, through the root's shared slot in chunks (by
+"""broadcast_state synced again over shared memory: at two ranks a state of 1 MiB or
+more copied from each root tensor straight into the receiver's (process_vm_readv /
+writev over lists of segments), no packing, a smaller one behind the root's row in
+the agreement's call; beyond two, through the root's shared slot in chunks (by
 address only in an arena without slots). Every rank must end with the root's bytes,
 whichever path each call takes, however the dicts change between calls. (A mismatch after syncs by address:
 test_state_repeat.py's test of a mismatch on the fast path, at worlds 2 and 3.)"""
@@ -90,17 +91,36 @@ def _many():
     return {f"t{i:04d}": np.full(1 + i % 13, -1, np.float32) for i in range(2500)}
 
 
+def _bulky(state_fn):
+    # the same state and a tensor of 1.2 MB (a float32 bucket, the first, of 1 MiB or
+    # more): too large to go behind the root's row, so every bucket is copied by address
+    def make():
+        s = state_fn()
+        s["bulk"] = np.full(300_000, -1, np.float32)
+        return s
+    return make
+
+
 @pytest.mark.parametrize("state_fn,kwargs", [
-    (_state, {}),
-    (_mixed, {}),                          # dtype buckets, an empty tensor
-    (_mixed, {"bucket_bytes": 16 << 10}),  # ... and several buckets of one dtype
-    (_many, {}),
+    (_bulky(_state), {}),
+    (_bulky(_mixed), {}),                          # dtype buckets, an empty tensor
+    (_bulky(_mixed), {"bucket_bytes": 16 << 10}),  # ... and several buckets of one dtype
+    (_bulky(_many), {}),
 ], ids=["one-bucket", "dtypes", "small-buckets", "2500-tensors"])
 def test_two_ranks_copy_every_bucket_by_address_once_the_dict_is_known(state_fn, kwargs):
     took = run_ranks(2, _steady, state_fn, 5, kwargs)
     n = len(took[0]) // 3
     # calls 1 and 2 learn the dict (general path); calls 3-5 copy by address
     assert took[0] == took[1] == ["address"] * n * 3 and n >= 1, took
+
+
+@pytest.mark.parametrize("state_fn,kwargs", [
+    (_state, {}), (_mixed, {}), (_mixed, {"bucket_bytes": 16 << 10}), (_many, {}),
+], ids=["one-bucket", "dtypes", "small-buckets", "2500-tensors"])
+def test_two_ranks_send_a_small_state_behind_the_roots_row(state_fn, kwargs):
+    # under 1 MiB: calls 3-5 go through the rings in the agreement's own step, every
+    # bucket at once (by address they would wait for the agreement's round first)
+    assert run_ranks(2, _steady, state_fn, 5, kwargs) == [["ahead"] * 3] * 2
 
 
 def _large():
@@ -195,8 +215,9 @@ def test_the_root_may_change_from_call_to_call(world):
 
 def _receiver_replaces_a_tensor(rank, world):
     """A receiver swaps a tensor for a new one and frees the old: the root must not
-    write where it used to be (it reads the receiver's new layout once it is known)."""
-    state = _state()
+    write where it used to be (it reads the receiver's new layout once it is known).
+    1 MiB and more, so that it goes by address at two ranks."""
+    state = _bulky(_state)()
     with _paths() as took:
         for step in range(8):
             if step == 3 and rank == world - 1:
@@ -224,7 +245,7 @@ def _torch_dict(rank, world):
     import accord
     g = torch.Generator().manual_seed(3)
     sd = {"w": torch.zeros(300, 7), "b": torch.zeros(7, dtype=torch.bfloat16),
-          "big": torch.zeros(70_000), "n": torch.zeros(3, dtype=torch.int64),
+          "big": torch.zeros(300_000), "n": torch.zeros(3, dtype=torch.int64),
           "p": torch.nn.Parameter(torch.zeros(40), requires_grad=False)}
     out = []
     with _paths() as took:
