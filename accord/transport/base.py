@@ -162,7 +162,8 @@ class TaggedPlane(Protocol):
     spin_s: float       # how long a blocking caller may move the links itself first
     # whether sleep() wakes at any byte from any peer; False where arm() asks to be
     # woken for a link with no receive posted only once much has come (shm: half
-    # its ring), so a receive posted during a sleep must wake the sleeper to re-arm
+    # its ring), so a receive posted during a sleep must have watch() called for its
+    # link (or wake the sleeper to re-arm)
     wakes_on_any_byte: bool
     spin_ack_s: float   # ... when its send waits for the peer to copy it out (single copy)
     wait_now_max: int   # the largest message take_now(wait_s) waits for (-1: none)
@@ -195,6 +196,11 @@ class TaggedPlane(Protocol):
     def arm(self, links: Iterable) -> object:
         """Before sleeping: say what is awaited on each link; returns a token for
         sleep(). A byte that arrives after arm() wakes sleep(), never lost."""
+
+    def watch(self, link) -> bool:
+        """(Only where wakes_on_any_byte is False, while a sleeper is armed.) Make the
+        next byte on link wake the sleeper, as arm() would for a receive posted on it;
+        False if bytes came already, which only a wake-up makes sure are seen."""
 
     def sleep(self, token: object, timeout: float) -> None:
         """Sleep until a link can move, wake() is called, or timeout seconds pass.

@@ -306,24 +306,46 @@ class Engine:
 
     def _unwatched(self, ops):
         """(Under _busy, by a caller that just started ops.) Whether the engine thread
-        sleeps armed before a receive of ops was posted, on a link whose next
-        message would not wake it: a medium may ask to be woken only once much is
-        waiting where nothing was awaited (shm: half the ring), so a small message
-        for that receive would wait for the end of the engine's sleep (a slice,
-        250 ms), with nobody else moving the link unless its caller waits through
-        Engine.wait. If so the engine is to be woken now (once: it then arms for
-        the receive, and is marked awake until it sleeps again)."""
+        must be woken for them. It may sleep armed from before a receive of ops was
+        posted, on a link whose next message would not wake it: a medium may ask to be
+        woken only once much is waiting where nothing was awaited (shm: half the ring),
+        so a small message for that receive would wait for the end of the engine's
+        sleep (a slice, 250 ms), with nobody else moving the link unless its caller
+        waits through Engine.wait. The plane's watch() makes such a link's next byte
+        wake the sleeper, without waking it now: a wake-up per posted receive cost a
+        thread switch each (a ping-pong of irecv().wait() took 3x accord's blocking
+        recv). Only where bytes came before the link was watched is the engine to be
+        woken (once: it then arms for the receive, and is marked awake until it sleeps
+        again)."""
         if not self._asleep:
             return False
-        watching = self._watching
+        t, watching, gone = self.t, self._watching, self._gone
         for op in ops:
             if op.is_send or op.over:
                 continue
-            if op.peer is None and any(p not in watching for p in self.t.links) or \
-                    op.peer is not None and op.peer not in watching:
-                self._asleep = False
-                return True
+            for p in (t.links if op.peer is None else (op.peer,)):
+                if p in watching or p in gone:
+                    continue
+                if not t.watch(t.links[p]):
+                    self._asleep = False
+                    return True
+                watching.add(p)
         return False
+
+    def _rewatch(self):
+        """(Under _busy, by a caller leaving Engine.wait.) Its sleeps armed and disarmed
+        the links' flags, the sleeping engine's too: where operations remain, make
+        their links wake the engine again; whether it must be woken instead (a send
+        waits for room or an acknowledgement, which only its own arm() asks for)."""
+        if not self._asleep or not self._ops or self._closed is not None:
+            return False
+        if any(op.is_send for op in self._ops if not op.over):
+            self._asleep = False
+            return True
+        if self.t.wakes_on_any_byte:
+            return False
+        self._watching = set()
+        return self._unwatched(self._ops)
 
     @staticmethod
     def _needs_wake(op, started):
@@ -373,8 +395,16 @@ class Engine:
                 future.wait(_POLL_S if left is None else min(_POLL_S, left))
                 continue
             try:
+                armed = False
                 while not future.done():
+                    if armed and time.perf_counter() < spin_end:
+                        # spinning: move the links without raising their flags, so that
+                        # the peer's next message wakes no sleeper (the engine thread,
+                        # woken for it, would take a core from this one)
+                        self._turn()
+                        continue
                     token, wait = self._cycle()
+                    armed = True
                     if future.done() or token is None:
                         if token is not None:
                             t.disarm(token)
@@ -389,7 +419,12 @@ class Engine:
                     t.sleep(token, wait if left is None else min(wait, left))
                     t.disarm(token)
             finally:
-                self._busy.release()
+                try:
+                    rewake = self._rewatch()
+                finally:
+                    self._busy.release()
+                if rewake:
+                    self._kick()
         return True
 
     def close(self, exc=None):

@@ -1287,6 +1287,16 @@ class ShmTransport(Reports):
         futex.fence()
         return expected, flags
 
+    def watch(self, link):
+        """While the engine sleeps armed (arm() asked to be woken for this link only once
+        half its ring has filled, nothing being awaited on it then): make the next byte
+        on it wake the sleeper, for a receive posted since. False where bytes are there
+        already (the sender may have looked at the flag before it was lowered): the
+        sleeper must be woken."""
+        self.q[link.i_want_data_i] = link.want_data()
+        futex.fence()
+        return not link.has_input()
+
     def sleep(self, token, timeout):
         """Sleep on the doorbell (at most a slice: liveness is checked between; and
         no longer than a message left in the ring for its receive may wait)."""
