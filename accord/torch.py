@@ -36,9 +36,11 @@ rendezvous/torchelastic.py, imports it inside torchrun's agent-store path.
 """
 import atexit
 import datetime
+import inspect
 import os
 import sys
 import threading
+import time
 import warnings
 import weakref
 
@@ -82,7 +84,7 @@ class AccordWork(dist.Work):
     """
 
     __slots__ = ("_outputs", "_desc", "_after", "_source", "_tfut", "_lock", "_done", "_exc",
-                 "_finished", "_left", "_record")
+                 "_finished", "_left", "_record", "_movers")
 
     def __init__(self, parts, outputs, desc, after=None, source_rank=-1):
         dist.Work.__init__(self)
@@ -93,6 +95,7 @@ class AccordWork(dist.Work):
         self._done = None           # concurrent.futures.Future, None once completed inline
         self._exc = None
         self._record = None         # a profiler event to end on completion (_recorded)
+        self._movers = None         # parts whose wait() moves their messages (point to point)
         if parts is None or (len(parts) == 1 and parts[0] is None):
             # synchronous: already done on the caller's thread (the fast path)
             self._finished = True
@@ -100,7 +103,9 @@ class AccordWork(dist.Work):
             if after is not None:
                 after()
             return
-        parts = [p for p in parts if p is not None]
+        # a part over already (an isend written into its ring at once) adds nothing to wait
+        # for: a call whose parts are all over is complete, as a synchronous one
+        parts = [p for p in parts if p is not None and not p.is_success()]
         self._finished = not parts
         self._after = after
         self._lock = threading.Lock()
@@ -111,8 +116,9 @@ class AccordWork(dist.Work):
         import concurrent.futures
         self._done = concurrent.futures.Future()
         self._left = len(parts)
+        self._movers = [p for p in parts if p._progresses()] or None
         for p in parts:
-            p.get_future().add_done_callback(self._part_done)
+            p._on_done(self._part_done)
 
     def _part_done(self, f):
         exc = f.exception()
@@ -177,6 +183,8 @@ class AccordWork(dist.Work):
             timeout = timeout.total_seconds()
         if timeout is not None and timeout <= 0:
             timeout = None
+        if self._movers is not None:
+            self._move(timeout)
         import concurrent.futures
         concurrent.futures.wait([self._done], timeout)
         if not self._done.done():
@@ -187,6 +195,24 @@ class AccordWork(dist.Work):
                               f"group's timeout end it)")
         self._done.result()
         return True
+
+    def _move(self, timeout):
+        """Wait on the point-to-point parts through their own wait(), which moves their
+        messages on this thread: the group's engine thread would otherwise finish them
+        and hand the result over (a thread switch per message; a blocking ping-pong of
+        irecv().wait() took 3x the time of accord's recv). Their errors, a timeout's
+        included, reach the caller through this Work's future, as any part's."""
+        end = None if timeout is None else time.monotonic() + timeout
+        for p in self._movers:
+            if p.is_completed():
+                continue
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            try:
+                p.wait(left)
+            except BaseException:
+                return
 
     def is_completed(self):
         return self._done is None or self._done.done()
@@ -356,6 +382,28 @@ def _finish(w, outputs, desc, st=None, then=None, source=-1):
             pass
         return AccordWork(None, outputs, desc, None, source)
     return AccordWork([w], outputs, desc, after, source)
+
+
+def _code(fn):
+    return getattr(inspect.unwrap(fn), "__code__", None)
+
+
+_ISEND, _SEND = _code(dist.distributed_c10d.isend), _code(dist.distributed_c10d.send)
+_IRECV, _RECV = _code(dist.distributed_c10d.irecv), _code(dist.distributed_c10d.recv)
+
+
+def _blocking_caller(inner, outer):
+    """Whether the caller of a group's send or recv (the caller of this function's
+    caller) is torch's isend (irecv) called by its blocking send (recv), which waits
+    on the Work at once."""
+    try:
+        frame = _getframe(2)
+    except ValueError:              # called from C++ on a thread without Python frames
+        return False
+    if frame.f_code is not inner or inner is None:
+        return False
+    up = frame.f_back
+    return up is not None and up.f_code is outer
 
 
 def _one(tensors, what):
@@ -770,24 +818,39 @@ class AccordProcessGroup(dist.ProcessGroup):
         return _finish(w, [], "barrier")
 
     # -- point to point ----------------------------------------------------------
-    # always a Work (torch's send/recv wait on it): isend/irecv run on the worker thread
+    # isend/irecv start on the caller's thread and the engine thread finishes what is
+    # left, unless someone waits on the Work (AccordWork._move). torch's blocking
+    # dist.send/dist.recv make the same calls and wait at once: for them the operation
+    # runs as accord's own blocking send/recv (_blocking_caller)
     def send(self, tensors, dst, tag=0):
         if _profiler._is_profiler_enabled and not _tls.recording:
             return self._recorded("send", tensors, AccordProcessGroup.send, (tensors, dst, tag))
+        t = _one(tensors, "send")
+        if t.is_cpu and _blocking_caller(_ISEND, _SEND):
+            api.send(t, group=self._g, group_dst=dst, tag=tag)
+            return None             # dist.send waits on a Work only where it gets one
         st = _Stage()
-        w = api.isend(st.inp(_one(tensors, "send")), group=self._g, group_dst=dst, tag=tag)
+        w = api.isend(st.inp(t), group=self._g, group_dst=dst, tag=tag)
         return AccordWork([w], tensors, "send")
 
     def recv(self, tensors, src, tag=0):
         if _profiler._is_profiler_enabled and not _tls.recording:
             return self._recorded("recv", tensors, AccordProcessGroup.recv, (tensors, src, tag))
+        t = _one(tensors, "recv")
+        if t.is_cpu and _blocking_caller(_IRECV, _RECV):
+            api.recv(t, group=self._g, group_src=src, tag=tag)
+            return AccordWork(None, tensors, "recv", None, src)
         st = _Stage()
-        w = api.irecv(st.out(_one(tensors, "recv")), group=self._g, group_src=src, tag=tag)
+        w = api.irecv(st.out(t), group=self._g, group_src=src, tag=tag)
         return AccordWork([w], tensors, "recv", st.after(), src)
 
     def recv_anysource(self, tensors, tag=0):
         if _profiler._is_profiler_enabled and not _tls.recording:
             return self._recorded("recvAnySource", tensors, AccordProcessGroup.recv_anysource, (tensors, tag))
+        t = tensors[0] if len(tensors) == 1 else None
+        if t is not None and t.is_cpu and _blocking_caller(_IRECV, _RECV):
+            sender = api.recv(t, group=self._g, tag=tag)
+            return AccordWork(None, tensors, "recv", None, self._g.ranks.index(sender))
         st = _Stage()
         w = api.irecv(st.out(_one(tensors, "recv")), group=self._g, tag=tag)
         g = self._g

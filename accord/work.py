@@ -194,6 +194,16 @@ class Work:
             self._cf = fut.as_future()
         return self._cf
 
+    def _on_done(self, fn: Callable[[Any], Any]) -> None:
+        """Call fn(f) once the operation is over, f being its future (done; its
+        exception() and result() answer at once); at once, here, if it is over."""
+        self._future.add_done_callback(fn)
+
+    def _progresses(self) -> bool:
+        """Whether wait() moves the operation's messages on the waiting thread (a
+        point-to-point operation) rather than only waiting for another thread to."""
+        return self._waiter is not None
+
     def result(self) -> Any:
         """The operation's result (for recv-like calls), after waiting."""
         return self._future.result()

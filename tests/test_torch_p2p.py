@@ -59,3 +59,37 @@ def test_a_ping_pong_through_torch_does_not_stall():
     # 600 messages: at the stall's 128 ms a message on average, 77 s, past the deadline
     out = run_torch(2, _ping_pong, 300, backends=("gloo", "accord"), timeout=40)
     assert out[0]["accord"] == out[0]["gloo"] == [2.0 * 299] * 2
+
+
+def _as_called(rank, world, backend):
+    # what accord's flight recorder (and so a stuck-rank report) says each torch call
+    # was: torch's blocking send/recv as accord's blocking ones, made on this thread,
+    # its isend/irecv as themselves; and a small isend is over when it returns
+    from accord.world import resolve_group
+    g = dist.distributed_c10d._get_default_group().accord_group
+    peer = 1 - rank
+    m = torch.zeros(3)
+    if rank == 0:
+        dist.send(torch.arange(3.0), peer)
+        w = dist.isend(torch.arange(3.0) + 10, peer)
+        at_once = w.is_completed()
+        w.wait()
+        src = dist.recv(m)              # from any rank
+    else:
+        dist.recv(m, peer)
+        first = m.tolist()
+        dist.irecv(m, peer).wait()
+        at_once = [first, m.tolist()]
+        dist.send(torch.full((3,), 7.0), peer)
+        src = None
+    assert resolve_group(g) is g
+    ops = [e["op"] for e in g.recorder.as_dicts() if e["op"] in ("send", "recv", "isend",
+                                                                   "irecv")]
+    return ops, at_once, src, m.tolist()
+
+
+def test_torch_send_and_recv_run_as_accords_blocking_calls():
+    out = run_torch(2, _as_called)
+    assert out[0]["accord"] == (["send", "isend", "recv"], True, 1, [7.0] * 3)
+    assert out[1]["accord"] == (["recv", "irecv", "send"],
+                                [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0]], None, [10.0, 11.0, 12.0])
