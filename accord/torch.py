@@ -22,6 +22,10 @@ through the group's worker thread and return an `AccordWork`. A synchronous
 call that comes from torch's own functions (dist.all_reduce, ...) returns
 None, which torch takes as "already complete" (it would only wait() on a
 Work and drop it); any other caller still gets a completed `AccordWork`.
+Point to point: torch's blocking dist.send/dist.recv run as accord's blocking
+send/recv on the caller's thread; an isend/irecv starts there too, and whoever
+waits on its Work moves its messages (the group's engine thread finishes what
+nobody waits on).
 
 Errors: accord's own types (CommTimeout, PeerLost, Desync, GroupClosed) reach
 the caller unchanged, from the call itself (synchronous) or from
