@@ -55,6 +55,7 @@ from . import api, world
 from .errors import CommTimeout
 from .options import to_seconds
 from .reduceops import ReduceOp
+from .work import Outcome
 from .rendezvous.torchelastic import agent_store   # in __all__: its old home
 from .rendezvous.torchelastic import attempt_store
 
@@ -96,7 +97,7 @@ class AccordWork(dist.Work):
         self._desc = desc
         self._source = source_rank
         self._tfut = None
-        self._done = None           # concurrent.futures.Future, None once completed inline
+        self._done = None           # an accord Outcome (a light future), None once completed inline
         self._exc = None
         self._record = None         # a profiler event to end on completion (_recorded)
         self._movers = None         # parts whose wait() moves their messages (point to point)
@@ -117,8 +118,7 @@ class AccordWork(dist.Work):
             if after is not None:
                 after()
             return
-        import concurrent.futures
-        self._done = concurrent.futures.Future()
+        self._done = Outcome()
         self._left = len(parts)
         self._movers = [p for p in parts if p._progresses()] or None
         for p in parts:
@@ -189,11 +189,7 @@ class AccordWork(dist.Work):
             timeout = None
         if self._movers is not None:
             self._move(timeout)
-        import concurrent.futures
-        concurrent.futures.wait([self._done], timeout)
-        if not self._done.done():
-            # (not an except clause: concurrent.futures.TimeoutError is TimeoutError, which
-            # the operation's own CommTimeout also is, and that one must surface as itself)
+        if not self._done.wait(timeout):
             raise CommTimeout(f"Work.wait: Timed out after {timeout:g} s waiting for "
                               f"{self._desc} (it keeps running; wait again or let the "
                               f"group's timeout end it)")
