@@ -142,7 +142,13 @@ class AccordWork(dist.Work):
             tfut = self._tfut
             rec, self._record = self._record, None
         if rec is not None:
-            rec.__exit__(None, None, None)       # on this (the worker's) thread
+            rec, began = rec
+            if threading.get_ident() == began:
+                # settled by the thread that began the event, waiting on a point-to-point
+                # part itself: torch counts only an event ended elsewhere as asynchronous
+                _end_elsewhere(rec)
+            else:
+                rec.__exit__(None, None, None)       # on this (the worker's) thread
         if self._exc is None:
             self._done.set_result(self._value())
         else:
@@ -159,7 +165,7 @@ class AccordWork(dist.Work):
         with self._lock:
             if self._finished:
                 return False
-            self._record = rec
+            self._record = (rec, threading.get_ident())
             return True
 
     def _value(self):
