@@ -1,14 +1,16 @@
-"""Point to point through torch.distributed on a backend: a blocking send/recv
-ping-pong and a window of isends/irecvs, as torch's own callers make them.
+"""Point to point through torch.distributed on a backend, as torch's own callers make
+it: a blocking send/recv ping-pong, the same with isend/irecv and wait(), with
+batch_isend_irecv (one op a batch, as a pipeline schedule's), a two-way exchange
+in one batch_isend_irecv (a pipeline stage's boundary), and a window of isends.
 
     accord run -n 2 benchmarks/torch_p2p.py accord      # or gloo
 
-torch waits on the backend's Work from its C++ side, which moves no message
-itself, so this is where a backend's progress thread shows: accord's used to
-sleep through small messages here (up to 250 ms each). Rank 0 prints the best of
-5 rounds: the ping-pong's one-way latency (200 round trips a round) and the
-window's time per message (50 windows of 64 isends of 8 bytes, matched by
-irecvs, then a 4-byte ack), with the load average.
+This is where a backend's progress thread shows: accord's used to sleep through
+small messages here (up to 250 ms each), then handed each one over (40 µs one
+way). Rank 0 prints the best of 5 rounds: each ping-pong's one-way latency (200
+round trips a round; the exchange's time per batch) and the window's time per
+message (50 windows of 64 isends of 8 bytes, matched by irecvs, then a 4-byte
+ack), with the load average.
 """
 import os
 import sys
@@ -26,7 +28,7 @@ def main():
     backend = sys.argv[1] if len(sys.argv) > 1 else "accord"
     dist.init_process_group(backend)
     rank = dist.get_rank()
-    m, ack = torch.ones(2), torch.zeros(1)
+    m, ack, ack2 = torch.ones(2), torch.zeros(1), torch.zeros(2)
 
     def pingpong():
         for _ in range(200):
@@ -36,6 +38,30 @@ def main():
             elif rank == 1:
                 dist.recv(m, 0)
                 dist.send(m, 0)
+
+    peer = 1 - rank
+
+    def iwait():
+        for _ in range(200):
+            if rank == 0:
+                dist.isend(m, 1).wait()
+                dist.irecv(m, 1).wait()
+            elif rank == 1:
+                dist.irecv(m, 0).wait()
+                dist.isend(m, 0).wait()
+
+    def batched():
+        for _ in range(200 if rank < 2 else 0):
+            first, then = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
+            for op in (first, then):
+                for w in dist.batch_isend_irecv([dist.P2POp(op, m, peer)]):
+                    w.wait()
+
+    def exchange():
+        for _ in range(200 if rank < 2 else 0):
+            ops = [dist.P2POp(dist.isend, m, peer), dist.P2POp(dist.irecv, ack2, peer)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
 
     def windows():
         for _ in range(50):
@@ -51,8 +77,11 @@ def main():
                 dist.send(ack, 0, tag=2)
 
     out = {}
-    for name, fn, per in (("pingpong one way", pingpong, 400), ("window per message", windows,
-                                                                50 * WINDOW)):
+    for name, fn, per in (("pingpong one way", pingpong, 400),
+                          ("irecv().wait() one way", iwait, 400),
+                          ("batch_isend_irecv one way", batched, 400),
+                          ("exchange per batch", exchange, 200),
+                          ("window per message", windows, 50 * WINDOW)):
         fn()                                # warm-up
         best = float("inf")
         for _ in range(ROUNDS):
