@@ -206,22 +206,29 @@ def test_a_receive_waited_on_by_its_future_does_not_stall(transport):
     assert out[0] == [2.0 * 399] * 2
 
 
-def _after_a_waiter(rank, world, rounds):
+def _after_a_waiter(rank, world, rounds, later=False):
     # rank 1 posts two receives and lets its engine thread sleep armed for them, then
     # waits on the first, whose message comes while it spins (after it looked once);
     # the second it only waits for through its future, 5 ms later. The waiter's spin
     # lowers the flags the sleeping engine armed, so the second message woke nobody
     # until the engine's sleep ended (a slice, 250 ms) unless the waiter raises them
-    # again as it leaves: in 2-5% of the rounds before the fix.
+    # again as it leaves: in 2-5% of the rounds before the fix. later: the second
+    # receive is posted only after the waiter left (the engine still asleep, believing
+    # that link watched).
     import time
     a, b, go = np.zeros(2), np.zeros(2), np.zeros(1)
     late = []
     for i in range(rounds):
         if rank == 1:
-            wa, wb = dist.irecv(a, src=0, tag=1), dist.irecv(b, src=0, tag=2)
+            wa = dist.irecv(a, src=0, tag=1)
+            if not later:
+                wb = dist.irecv(b, src=0, tag=2)
             time.sleep(0.005)
             dist.send(go, dst=0, tag=3)
             wa.wait()
+            if later:
+                wb = dist.irecv(b, src=0, tag=2)
+                dist.send(go, dst=0, tag=3)
             t0 = time.perf_counter()
             wb.get_future().result()
             took = time.perf_counter() - t0
@@ -233,16 +240,19 @@ def _after_a_waiter(rank, world, rounds):
             while time.perf_counter() < end:
                 pass
             dist.send(np.full(2, float(i)), dst=1, tag=1)
+            if later:
+                dist.recv(go, src=1, tag=3)
             time.sleep(0.005)
             dist.send(np.full(2, float(-i)), dst=1, tag=2)
     return a.tolist(), b.tolist(), late
 
 
+@pytest.mark.parametrize("later", [False, True], ids=["posted-before", "posted-after"])
 @pytest.mark.timeout(60)
-def test_a_receive_left_to_the_engine_after_another_was_waited_on_does_not_stall():
+def test_a_receive_left_to_the_engine_after_another_was_waited_on_does_not_stall(later):
     # the second message follows the first by 5 ms; a round where it took 100 ms more
     # waited for the engine's sleep to end (one such round is left to the machine)
-    out = run_ranks(2, _after_a_waiter, 300, timeout=40)
+    out = run_ranks(2, _after_a_waiter, 300, later, timeout=40)
     a, b, late = out[1]
     assert (a, b) == ([299.0] * 2, [-299.0] * 2)
     assert len(late) <= 1, late

@@ -334,18 +334,25 @@ class Engine:
 
     def _rewatch(self):
         """(Under _busy, by a caller leaving Engine.wait.) Its sleeps armed and disarmed
-        the links' flags, the sleeping engine's too: where operations remain, make
-        their links wake the engine again; whether it must be woken instead (a send
-        waits for room or an acknowledgement, which only its own arm() asks for)."""
-        if not self._asleep or not self._ops or self._closed is not None:
+        the links' flags, the sleeping engine's with them: raise them again for the
+        engine (what remains posted, a ring filling up); whether it must be woken
+        instead (a send waits for room or an acknowledgement, which only its own arm()
+        asks for, or bytes came already)."""
+        if not self._asleep or self._closed is not None:
             return False
-        if any(op.is_send for op in self._ops if not op.over):
+        if any(op.is_send and not op.over for op in self._ops):
             self._asleep = False
             return True
-        if self.t.wakes_on_any_byte:
+        t = self.t
+        if t.wakes_on_any_byte:
             return False
-        self._watching = set()
-        return self._unwatched(self._ops)
+        for p, link in t.links.items():
+            if p not in self._gone and not t.watch(link):
+                self._asleep = False
+                return True
+        self._watching = {p for p, link in t.links.items()
+                          if link.posted or link.incoming is not None}
+        return False
 
     @staticmethod
     def _needs_wake(op, started):

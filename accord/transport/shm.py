@@ -1268,15 +1268,12 @@ class ShmTransport(Reports):
         expected = self.i32[self._doorbell_i]
         flags = []
         for link in links:
-            if link.posted or link.incoming is not None:
-                q[link.i_want_data_i] = link.want_data()
-            else:
-                # nothing is awaited from this peer: a small message may wait in the
-                # ring for its receive (its send is complete once it is there), so
-                # only a ring filling up (a stream its sender cannot finish alone)
-                # needs the engine. Senders doing blocking ping-pongs then never pay
-                # for waking an engine that has nothing to do with their messages.
-                q[link.i_want_data_i] = link.i_tail + self.cap // 2
+            # nothing awaited from a peer: a small message may wait in the ring for its
+            # receive (its send is complete once it is there), so only a ring filling
+            # up (a stream its sender cannot finish alone) needs the engine. Senders
+            # doing blocking ping-pongs then never pay for waking an engine that has
+            # nothing to do with their messages.
+            q[link.i_want_data_i] = self._wanted(link)
             flags.append(link.i_want_data_i)
             if link.sends:
                 q[link.o_want_space_i] = link.want_space()
@@ -1287,15 +1284,22 @@ class ShmTransport(Reports):
         futex.fence()
         return expected, flags
 
+    def _wanted(self, link):
+        """The head a sleeper waits for on link: a piece of an awaited message, or half
+        the ring where nothing is awaited."""
+        if link.posted or link.incoming is not None:
+            return link.want_data()
+        return link.i_tail + self.cap // 2
+
     def watch(self, link):
-        """While the engine sleeps armed (arm() asked to be woken for this link only once
-        half its ring has filled, nothing being awaited on it then): make the next byte
-        on it wake the sleeper, for a receive posted since. False where bytes are there
-        already (the sender may have looked at the flag before it was lowered): the
-        sleeper must be woken."""
-        self.q[link.i_want_data_i] = link.want_data()
+        """While the engine sleeps: raise link's flag again as arm() would now, for a
+        receive posted since it armed (then the link's next byte wakes the sleeper) or
+        after a waiting caller's own sleeps lowered it. False where what it asks for is
+        there already (the sender may have looked at the flag before it was raised):
+        the sleeper must be woken."""
+        want = self.q[link.i_want_data_i] = self._wanted(link)
         futex.fence()
-        return not link.has_input()
+        return self.q[link.i_head_i] < want
 
     def sleep(self, token, timeout):
         """Sleep on the doorbell (at most a slice: liveness is checked between; and
