@@ -331,9 +331,7 @@ def _goes_ahead(c, e, forced):
         # copied out by each: at worlds 3, 4 and 8 faster than the copy by address at
         # every size measured, 81 tensors (1.5 MiB) to 100 (50 MiB)
         return True
-    if len(pieces) > AHEAD_PIECES or sum(b.total for b in e.buckets) >= AHEAD_MAX:
-        return False
-    return True
+    return len(pieces) <= AHEAD_PIECES and sum(b.total for b in e.buckets) < AHEAD_MAX
 
 
 def _slotted_ahead(c, npieces):

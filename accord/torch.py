@@ -217,7 +217,7 @@ class AccordWork(dist.Work):
                 return
             try:
                 p.wait(left)
-            except BaseException:
+            except Exception:       # (not KeyboardInterrupt and the like: those go up)
                 return
 
     def is_completed(self):
@@ -853,12 +853,12 @@ class AccordProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         if _profiler._is_profiler_enabled and not _tls.recording:
             return self._recorded("recvAnySource", tensors, AccordProcessGroup.recv_anysource, (tensors, tag))
-        t = tensors[0] if len(tensors) == 1 else None
-        if t is not None and t.is_cpu and _blocking_caller(_IRECV, _RECV):
+        t = _one(tensors, "recv")
+        if t.is_cpu and _blocking_caller(_IRECV, _RECV):
             sender = api.recv(t, group=self._g, tag=tag)
             return AccordWork(None, tensors, "recv", None, self._g.ranks.index(sender))
         st = _Stage()
-        w = api.irecv(st.out(_one(tensors, "recv")), group=self._g, tag=tag)
+        w = api.irecv(st.out(t), group=self._g, tag=tag)
         g = self._g
         # known once the message is in: the api's Work yields the sender's rank in g's
         # numbering of the world; torch wants it within the group

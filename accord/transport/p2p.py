@@ -350,9 +350,13 @@ class Engine:
             if p not in self._gone and not t.watch(link):
                 self._asleep = False
                 return True
-        self._watching = {p for p, link in t.links.items()
-                          if link.posted or link.incoming is not None}
+        self._watching = self._awaited()
         return False
+
+    def _awaited(self):
+        """The peers whose next byte an armed sleep wakes for: those a receive waits on."""
+        return {p for p, link in self.t.links.items()
+                if link.posted or link.incoming is not None}
 
     @staticmethod
     def _needs_wake(op, started):
@@ -524,8 +528,7 @@ class Engine:
                 if token is not None and not t.wakes_on_any_byte:
                     # what this sleep wakes for at the next byte: the links a receive
                     # waits on (see _unwatched)
-                    self._watching = {p for p, link in t.links.items()
-                                      if link.posted or link.incoming is not None}
+                    self._watching = self._awaited()
                     self._asleep = True
             if token is not None:
                 t.sleep(token, wait)
