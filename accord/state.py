@@ -244,7 +244,6 @@ def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, 
     state's bytes): from the table flat_state.tokens tells whether every rank sent
     its address word."""
     head = (b"\x01" if failed else b"\x00") + digest + struct.pack("<Q", bucket_bytes)
-    has = bytes([_ENTRY if entry is not None and then is not None else 0]) + bytes(4)
     table = bytearray(_ROW * g.size)
     moved = [False]
     verdict = [None]
@@ -257,19 +256,20 @@ def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, 
         blocks = [mv[i * _ROW:(i + 1) * _ROW] for i in range(g.size)]
         total = len(table)
         forced = g.options.algorithms
-        row = [head + _NO_ADDRESS + has]
+        row = [None]
 
         def own():
             blocks[g.rank][:] = row[0]
 
         def body(c):
             if c is None:
+                row[0] = head + _NO_ADDRESS + bytes(5)
                 own()
                 return
-            word = entry.word if entry is not None and segments_applies(c) else _NO_ADDRESS
-            row[0] = head + word + has
-            if c.rank == root and then is not None and _goes_ahead(c, entry, forced):
-                _send_ahead(c, entry, head + word, blocks)
+            p = _plan(c, entry if then is not None else None, root, head, forced)
+            row[0] = p.row
+            if p.ahead:
+                _send_ahead(c, entry, p, blocks)
                 moved[0] = True
                 return
             choose("all_gather", total, c, forced)(c, blocks, row[0], own)
@@ -278,7 +278,8 @@ def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, 
             if how == _SLOTTED:
                 moved[0] = _take_slotted(c, root, table, into if v[0] else None, entry)
             elif how == _AHEAD:
-                moved[0] = _take_ahead(c, root, table, into if v[0] else None)
+                moved[0] = _take_ahead(c, root, table, into if v[0] else None,
+                                       entry if then is not None else None)
             elif then is not None and v[0]:
                 moved[0] = then(c, v)
         plans.run(g, "broadcast_state", body, False, timeout,
@@ -306,6 +307,54 @@ def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, 
     raise StateMismatch(f"broadcast_state on rank {g.global_rank}: cannot make the state equal "
                         f"src rank {src_rank}'s (no tensor was written)" +
                         (f"; this rank: {mine}" if mine else "") + f":\n  {lines}")
+
+
+class _Plan:
+    """What a call of broadcast_state on a flat_state entry does alike every time on one
+    group's links, worked out once (a repeated sync of 10 small tensors is about 25 µs
+    a call at two ranks, and building these each call cost about 5 of them): this
+    rank's row of the agreement, and for a root that sends its pieces with it
+    (_goes_ahead), how (ahead: _SLOTTED or _AHEAD, else 0) and, through the rings, its
+    messages."""
+    __slots__ = ("choices", "row", "ahead", "sends", "packed")
+
+
+def _plan(c, e, root, head, forced):
+    """The _Plan of this rank's call on c (e: its flat_state entry, or None on the
+    general path: a row without an address word, never ahead). An entry's plan is kept
+    with it per root and reused while the call runs on the same links (the links'
+    `choices` memo, which lives as long as they do, names them), unless algorithms are
+    forced; head: the row's first _KEY bytes (error flag, digest, bucket_bytes)."""
+    if e is not None and not forced:
+        p = e.plans.get(root)
+        if p is not None and p.choices is c.choices and p.row[:_KEY] == head:
+            return p
+    p = _Plan()
+    p.choices = c.choices
+    p.ahead, p.sends, p.packed = 0, None, ()
+    if e is None:
+        p.row = head + _NO_ADDRESS + bytes(5)
+        return p
+    word = e.word if segments_applies(c) else _NO_ADDRESS
+    pieces, _, layout = e.stream()
+    if c.rank == root and _goes_ahead(c, e, forced):
+        p.ahead = _SLOTTED if _slotted_ahead(c, len(pieces)) else _AHEAD
+        p.row = head + word + bytes([p.ahead]) + struct.pack("<I", len(pieces))
+        if p.ahead == _AHEAD:
+            peers = [q for q in range(c.size) if q != c.rank]
+            p.sends = [(q, p.row) for q in peers] + [(q, layout) for q in peers] + \
+                [(q, piece) for piece in pieces for q in peers]
+            p.packed, at = [], 0        # the packed pieces' indices (each bucket's first)
+            for b in e.buckets:
+                p.packed += range(at, at + len(b.segments))
+                at += len(b.pieces)
+    else:
+        p.row = head + word + bytes([_ENTRY]) + bytes(4)
+    if not forced:
+        if len(e.plans) >= 8:
+            e.plans.clear()
+        e.plans[root] = p
+    return p
 
 
 def _goes_ahead(c, e, forced):
@@ -341,9 +390,10 @@ def _slotted_ahead(c, npieces):
     return s is not None and 8 * npieces <= s.room
 
 
-def _send_ahead(c, e, head, blocks):
+def _send_ahead(c, e, p, blocks):
     """The root's side of an agreement it sends its pieces with: its row, the pieces'
-    sizes, then the pieces, to every receiver, in one step with reading their rows.
+    sizes, then the pieces, to every receiver, in one step with reading their rows
+    (p: its _Plan).
 
     Where the group has shared slots (shared memory beyond two ranks), the sizes and
     the pieces' bytes are written there once, straight from the tensors, in chunks of
@@ -353,53 +403,53 @@ def _send_ahead(c, e, head, blocks):
     unpacked one on every receiver (world 3 on 2 cores, 10 tensors of 238 KiB in all:
     benchmarks/results/small-messages.md). The row goes first: a chunk that waits for
     room in the slot waits for receivers that need the row to start copying."""
-    pieces, pack, layout = e.stream()
-    peers = [p for p in range(c.size) if p != c.rank]
-    s = c.slots
-    recvs = [(p, blocks[p]) for p in peers]
-    if _slotted_ahead(c, len(pieces)):
-        full = len(layout) + sum(b.total for b in e.buckets)
-        row = head + bytes([_SLOTTED]) + struct.pack("<I", len(pieces))
-        blocks[c.rank][:] = row
-        stream = e.byte_stream()
-        sends = [(p, row) for p in peers]
-        lo, k = 0, len(layout)
-        while True:                 # chunk by chunk: one, holding just the sizes, at least
-            hi = min(full, lo + s.room)
-            at, mem = c.claim(peers, hi - lo)
-            if lo == 0:
-                mem[:k] = layout
-                stream.gather(mem[k:], 0, hi - k)
-            else:
-                stream.gather(mem, lo - k, hi - k)
-            del mem
-            where = struct.pack("<qq", at, hi - lo)
-            c.exchange(sends=sends + [(p, where) for p in peers],
-                       recvs=recvs if hi == full else ())
-            if hi == full:
-                return
-            sends, lo = [], hi
-    row = head + bytes([_AHEAD]) + struct.pack("<I", len(pieces))
-    for i in range(len(pieces)):
-        pack(i)
+    row = p.row
     blocks[c.rank][:] = row
-    sends = [(p, row) for p in peers] + [(p, layout) for p in peers] + \
-        [(p, piece) for piece in pieces for p in peers]
-    c.exchange(sends=sends, recvs=[(p, blocks[p]) for p in peers])
+    recvs = [(q, blocks[q]) for q in range(c.size) if q != c.rank]
+    if p.ahead == _AHEAD:
+        pack = e.stream()[1]
+        for i in p.packed:
+            pack(i)
+        c.exchange(sends=p.sends, recvs=recvs)
+        return
+    pieces, _, layout = e.stream()
+    peers = [q for q, _ in recvs]
+    s = c.slots
+    full = len(layout) + sum(b.total for b in e.buckets)
+    stream = e.byte_stream()
+    sends = [(q, row) for q in peers]
+    lo, k = 0, len(layout)
+    while True:                 # chunk by chunk: one, holding just the sizes, at least
+        hi = min(full, lo + s.room)
+        at, mem = c.claim(peers, hi - lo)
+        if lo == 0:
+            mem[:k] = layout
+            stream.gather(mem[k:], 0, hi - k)
+        else:
+            stream.gather(mem, lo - k, hi - k)
+        del mem
+        where = struct.pack("<qq", at, hi - lo)
+        c.exchange(sends=sends + [(q, where) for q in peers],
+                   recvs=recvs if hi == full else ())
+        if hi == full:
+            return
+        sends, lo = [], hi
 
 
-def _take_ahead(c, root, table, into):
+def _take_ahead(c, root, table, into, entry):
     """A receiver's side: the root's pieces, which follow its row. into: as _agree's,
     or None where the structures differ (the pieces go into scratch and are dropped,
-    so the links stay clean for the StateMismatch exchange that follows); whether this
-    rank's state was written."""
+    so the links stay clean for the StateMismatch exchange that follows); entry: this
+    rank's flat_state entry, if into() gives its pieces (their sizes, as the root
+    sends them, are known); whether this rank's state was written."""
     n = struct.unpack_from("<I", table, root * _ROW + _AHEAD_N)[0]
     layout = bytearray(8 * n)
     c.recv(root, layout)
-    sizes = np.frombuffer(layout, np.uint64).tolist()
     if into is not None:
         pieces, after, finish = into()
-        if [len(memoryview(p).cast("B")) for p in pieces] == sizes:
+        if (layout == entry.stream()[2] if entry is not None else
+                [len(memoryview(p).cast("B")) for p in pieces] ==
+                np.frombuffer(layout, np.uint64).tolist()):
             for i, p in enumerate(pieces):
                 c.recv(root, p)
                 if after is not None:
@@ -407,6 +457,7 @@ def _take_ahead(c, root, table, into):
             if finish is not None:
                 finish()
             return True
+    sizes = np.frombuffer(layout, np.uint64).tolist()
     scratch = memoryview(bytearray(max(sizes, default=0)))
     for nbytes in sizes:
         c.recv(root, scratch[:nbytes])

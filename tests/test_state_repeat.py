@@ -173,6 +173,62 @@ def test_torch_state_dict_synced_again_and_again(world):
     assert res[0][0]["w"].any() and res[0][3]["big"].any()
 
 
+def _torch_metadata_changes(rank, world):
+    """Each step changes a tensor's metadata in place, or swaps it for another object,
+    on the root or on a receiver; returns (whether the rank's remembered entry still
+    held after the change, the state after the sync) per step."""
+    import torch
+
+    import accord
+    from accord import flat_state
+    from accord._packing import check_bucket_bytes
+    from accord.world import resolve_group
+    g = resolve_group(None)
+    sd = {"sq": torch.zeros(64, 64), "v": torch.zeros(1000), "d": torch.zeros(256)}
+    out = []
+    for step, change in enumerate(["none", "none", "view", "transpose", "none", "dtype",
+                                   "none", "clone", "none"]):
+        if change == "view" and rank == 0:
+            sd["v"] = sd["v"].view(1000)                 # another object, the same memory
+        if change == "transpose" and rank == 0:
+            sd["sq"].t_()                                # same address, shape and size
+        if change == "dtype":                            # every rank alike
+            for k in sd:
+                sd[k] = sd[k].contiguous()
+            sd["d"].data = sd["d"].view(torch.int32)     # same address, shape, strides
+        if change == "clone" and rank == world - 1:
+            sd["v"] = sd["v"].clone()                    # another object and memory
+        held = flat_state.lookup(g, sd, check_bucket_bytes(None), rank == 0)[0] is not None
+        if rank == 0:
+            for i, t in enumerate(sd.values()):
+                t.copy_((torch.arange(t.numel()).reshape(t.shape) * 3 + 1000 * step + i)
+                        .to(t.dtype))
+        accord.broadcast_state(sd, src=0)
+        out.append((held, {k: v.contiguous().numpy().copy() for k, v in sd.items()}))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_tensors_changed_in_place_are_seen_and_a_view_of_the_same_memory_is_not(world):
+    pytest.importorskip("torch")
+    res = run_ranks(world, _torch_metadata_changes)
+    for step in range(9):
+        for k in res[0][step][1]:
+            for r in range(1, world):
+                np.testing.assert_array_equal(res[r][step][1][k], res[0][step][1][k],
+                                              err_msg=f"{k} at step {step} on rank {r}")
+    held = [[res[r][step][0] for step in range(9)] for r in range(world)]
+    # remembered from the second call (and again at the end of a call that found the
+    # same dict and first tensor); the root's new view of the same memory keeps its
+    # entry, a transpose in place (same address, shape and size) or a new dtype over
+    # the same bytes does not, and neither does another tensor's memory
+    assert held[0] == [False, False, True, False, False, False, False, True, True]
+    assert held[world - 1] == [False, False, True, True, True, False, True, False, True]
+    # the transposed root's values, not its memory in order (which holds [1, 0] there)
+    assert res[1][3][1]["sq"][0, 1] == 3 * 1 + 1000 * 3
+    assert res[1][3][1]["sq"][1, 0] == 3 * 64 + 1000 * 3
+
+
 def _no_memory_kept(rank, world):
     import accord
     state = _state(rank, n=5)
