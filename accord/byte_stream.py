@@ -4,6 +4,13 @@ broadcast_state's root writes a repeated state into its shared slot in pieces of
 at most the slot's room, cut where the room ends rather than where a tensor does;
 each receiver copies every piece back out into its own buffers, which may cut the
 same stream elsewhere (its own tensors, or the general path's packed arrays).
+
+A ByteStream is also a message of its own: the transports' exchange(), send1()
+and recv1() take one wherever they take a byte view (transport/base.py), sending
+its views back to back as one message (gathered as they are written out) and
+filling them in turn from one (scattered as it is read), so that small tensors
+travel with no packed copy of them on either side. A path of a medium that can
+only fill one buffer receives into a contiguous stand-in first (staged()).
 """
 import bisect
 from typing import List
@@ -11,8 +18,10 @@ from typing import List
 
 class ByteStream:
     """Byte views, in order, as one stream: gather() copies a range of the stream into
-    a contiguous buffer, scatter() a contiguous buffer into a range of the stream."""
+    a contiguous buffer, scatter() a contiguous buffer into a range of the stream;
+    len() is its byte count."""
     __slots__ = ("views", "ends")
+    contiguous = False          # as memoryview's: never one buffer (no single copy)
 
     def __init__(self, views: List[memoryview]):
         """views: byte memoryviews (format "B"), in stream order."""
@@ -25,6 +34,9 @@ class ByteStream:
 
     @property
     def nbytes(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __len__(self) -> int:
         return self.ends[-1] if self.ends else 0
 
     def _spans(self, lo, hi):
@@ -66,3 +78,29 @@ class ByteStream:
             return
         for i, off, at, k in self._spans(lo, hi):
             views[i][off:off + k] = mem[at:at + k]
+
+
+def staged(recvs):
+    """(recvs, finish): the (peer, buffer) receives with each ByteStream swapped for a
+    contiguous buffer of its size, and finish() scattering those into their streams
+    once every receive is done (None where there was no ByteStream): how a medium's
+    path that fills one buffer at a time takes a scattered message."""
+    later = None
+    for peer, buf in recvs:
+        if buf.__class__ is ByteStream:
+            later = []
+            break
+    if later is None:
+        return recvs, None
+    out = []
+    for peer, buf in recvs:
+        if buf.__class__ is ByteStream:
+            stand_in = memoryview(bytearray(len(buf)))
+            later.append((buf, stand_in))
+            buf = stand_in
+        out.append((peer, buf))
+
+    def finish():
+        for stream, stand_in in later:
+            stream.scatter(stand_in, 0, len(stream))
+    return out, finish

@@ -122,7 +122,7 @@ def _address(v):
 
 class _Bucket:
     """One broadcast collective of the layout: packed small tensors, then large ones."""
-    __slots__ = ("code", "name", "total", "packed", "segments", "pieces")
+    __slots__ = ("code", "name", "total", "packed", "segments", "pieces", "direct")
 
     def __init__(self, code, name):
         self.code, self.name = code, name
@@ -132,6 +132,9 @@ class _Bucket:
         # memory, in the order this rank copies (the root packs, a receiver unpacks)
         self.segments = []
         self.pieces = []            # byte views: the packed array's pieces, the large ones'
+        # per packed piece: its tensors' memory in order, as one ByteStream (a message
+        # sent from or received into them with no packed copy between)
+        self.direct = []
 
 
 class _Entry:
@@ -139,7 +142,7 @@ class _Entry:
     # 0, new for every entry) and the address of `table`, its (address, length) rows,
     # from which a peer reads where this rank's tensors are (once per token)
     __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes", "table",
-                 "word", "rows", "remote", "_stream", "views", "_bytes", "plans")
+                 "word", "rows", "remote", "_stream", "views", "_bytes", "plans", "_direct")
 
     def stream(self):
         """(pieces, copier, layout): every bucket's pieces in order, one hook packing
@@ -154,6 +157,16 @@ class _Entry:
             layout = np.array([len(p) for p in pieces], np.uint64).tobytes()
             self._stream = (pieces, piece_copier(segments), layout)
         return self._stream
+
+    def direct_pieces(self):
+        """stream()'s pieces with each packed one as a ByteStream of the tensors it
+        packs: the messages a root sends (gathered from its tensors) and a receiver
+        takes (scattered into them) where the transport carries them whole, with no
+        packing or unpacking. The wire bytes are the packed pieces'. Made once."""
+        if self._direct is None:
+            self._direct = [p for b in self.buckets
+                            for p in b.direct + b.pieces[len(b.direct):]]
+        return self._direct
 
     def byte_stream(self):
         """Every tensor, in stream order (each bucket's packed small tensors, then its
@@ -278,7 +291,7 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
     e.digest = digest
     e.remote = {}
     e.plans = {}
-    e._stream = e._bytes = None
+    e._stream = e._bytes = e._direct = None
     e.rows = []
     e.views = []
     table = []
@@ -322,6 +335,8 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
                     out.segments[k].append((packed_view, tensor_view) if is_root else
                                            (tensor_view, packed_view))
                     off = stop
+            out.direct = [ByteStream([pair[1] if is_root else pair[0] for pair in seg])
+                          for seg in out.segments]
         out.pieces += large
         e.views += [w[a:a + n] for a, n in small]
         e.views += large

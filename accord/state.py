@@ -311,12 +311,12 @@ def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, 
 
 class _Plan:
     """What a call of broadcast_state on a flat_state entry does alike every time on one
-    group's links, worked out once (a repeated sync of 10 small tensors is about 25 µs
-    a call at two ranks, and building these each call cost about 5 of them): this
+    group's links, worked out once (a repeated sync of 10 small tensors takes about 25 µs
+    at two ranks, and building these each call took 1-2 of them): this
     rank's row of the agreement, and for a root that sends its pieces with it
     (_goes_ahead), how (ahead: _SLOTTED or _AHEAD, else 0) and, through the rings, its
     messages."""
-    __slots__ = ("choices", "row", "ahead", "sends", "packed")
+    __slots__ = ("choices", "row", "ahead", "sends")
 
 
 def _plan(c, e, root, head, forced):
@@ -331,7 +331,7 @@ def _plan(c, e, root, head, forced):
             return p
     p = _Plan()
     p.choices = c.choices
-    p.ahead, p.sends, p.packed = 0, None, ()
+    p.ahead, p.sends = 0, None
     if e is None:
         p.row = head + _NO_ADDRESS + bytes(5)
         return p
@@ -341,13 +341,10 @@ def _plan(c, e, root, head, forced):
         p.ahead = _SLOTTED if _slotted_ahead(c, len(pieces)) else _AHEAD
         p.row = head + word + bytes([p.ahead]) + struct.pack("<I", len(pieces))
         if p.ahead == _AHEAD:
+            # the packed pieces gathered from the tensors as they are written out
             peers = [q for q in range(c.size) if q != c.rank]
             p.sends = [(q, p.row) for q in peers] + [(q, layout) for q in peers] + \
-                [(q, piece) for piece in pieces for q in peers]
-            p.packed, at = [], 0        # the packed pieces' indices (each bucket's first)
-            for b in e.buckets:
-                p.packed += range(at, at + len(b.segments))
-                at += len(b.pieces)
+                [(q, piece) for piece in e.direct_pieces() for q in peers]
     else:
         p.row = head + word + bytes([_ENTRY]) + bytes(4)
     if not forced:
@@ -407,9 +404,6 @@ def _send_ahead(c, e, p, blocks):
     blocks[c.rank][:] = row
     recvs = [(q, blocks[q]) for q in range(c.size) if q != c.rank]
     if p.ahead == _AHEAD:
-        pack = e.stream()[1]
-        for i in p.packed:
-            pack(i)
         c.exchange(sends=p.sends, recvs=recvs)
         return
     pieces, _, layout = e.stream()
@@ -451,7 +445,10 @@ def _take_ahead(c, root, table, into, entry):
                 [len(memoryview(p).cast("B")) for p in pieces] ==
                 np.frombuffer(layout, np.uint64).tolist()):
             for i, p in enumerate(pieces):
-                c.recv(root, p)
+                if p.__class__ is ByteStream:
+                    c.exchange(recvs=((root, p),))      # scattered into its tensors
+                else:
+                    c.recv(root, p)
                 if after is not None:
                     after(i)
             if finish is not None:
@@ -518,10 +515,10 @@ def _slotted_dest(into, entry, layout, sizes):
     (its flat_state entry's tensors, else into()'s pieces; finish() runs into()'s
     after(i) for every piece, then its finish(), once all are in); Desync where their
     sizes are not the root's (equal digests and bucket sizes cut equal pieces: a bug)."""
-    pieces, after, finish = (), None, None
     if entry is not None:
         if layout == entry.stream()[2]:
             return entry.byte_stream(), None
+        pieces, after, finish = (), None, None      # the Desync below
     else:
         pieces, after, finish = into()
     views = [memoryview(p).cast("B") for p in pieces]
@@ -637,7 +634,7 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
                                                bucket_bytes),
                               e, lambda c, verdict: _move_all(c, root, e, verdict,
                                                               g.options.algorithms),
-                              lambda: e.stream()[:2] + (None,))
+                              lambda: (e.direct_pieces(), None, None))
             if not moved:
                 # some rank took the general path (its dict is new to it): a call per
                 # bucket, as that rank makes them

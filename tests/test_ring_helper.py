@@ -92,6 +92,38 @@ def test_take_declines_another_call_and_consumes_nothing(other):
 
 
 @built
+def test_put_gathers_a_byte_stream_and_take_scatters_into_one():
+    from accord.byte_stream import ByteStream
+    loop = Loop()
+    a, b = np.arange(3, dtype=np.float32), np.arange(10, 15, dtype=np.float32)
+    parts = ByteStream([memoryview(a).cast("B"), memoryview(b""),
+                        memoryview(b).cast("B")])
+    s = _stamp(count=32)
+    assert loop.link.put(0, s, 0, parts) == HEADER_SIZE + 32
+    # the bytes a contiguous payload of the same values writes
+    assert bytes(loop.ring[:HEADER_SIZE]) == s.header(32)
+    assert bytes(loop.ring[HEADER_SIZE:HEADER_SIZE + 32]) == np.concatenate([a, b]).tobytes()
+    x, y = np.zeros(5, np.float32), np.zeros(3, np.float32)
+    into = ByteStream([memoryview(x).cast("B"), memoryview(y).cast("B")])
+    assert loop.link.take(0, _stamp(count=32), 0, into, 0.0) == HEADER_SIZE + 32
+    assert x.tolist() == [0, 1, 2, 10, 11] and y.tolist() == [12, 13, 14]
+
+
+@built
+def test_take_refuses_a_byte_stream_with_a_read_only_view_and_consumes_nothing():
+    from accord.byte_stream import ByteStream
+    loop = Loop()
+    loop.put(_stamp(), np.ones(4, np.float32))
+    x = np.zeros(2, np.float32)
+    into = ByteStream([memoryview(x).cast("B"), memoryview(bytes(8))])
+    with pytest.raises(TypeError, match="read-only"):
+        loop.link.take(0, _stamp(), 0, into, 0.0)
+    assert loop.q[TAIL] == 0 and x.tolist() == [0.0, 0.0]
+    with pytest.raises(TypeError, match="a buffer or a ByteStream"):
+        loop.link.put(int(loop.q[HEAD]), _stamp(), 0, object())
+
+
+@built
 def test_take_spins_for_a_message_not_there_then_declines():
     loop = Loop()
     out = np.zeros(4, np.float32)

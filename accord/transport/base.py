@@ -124,6 +124,12 @@ class Transport(Protocol):
         """Move every (peer, view) send and receive of one step of a collective,
         each message stamped with `stamp`; return when all are done.
 
+        A view may be a ByteStream (byte_stream.py), here and in send1/recv1: one
+        message made of its views back to back, gathered from them as it goes out
+        and scattered into them as it comes in, at no copy beyond a plain view's
+        where the medium can (the shared ring's one-piece messages, a socket's
+        sendmsg); a stream never goes by single copy.
+
         meanwhile(): local work run once the sends are posted, while peers copy
         (a medium that cannot overlap runs it first). ring: stream through the
         shared ring even where single copy would apply (shm only).

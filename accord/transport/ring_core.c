@@ -19,6 +19,10 @@
  *         out, publish tail (release), full fence, wake the producer if its
  *         want-space or want-ack flag is now satisfied.
  *
+ * A message's buffer is one object with the buffer protocol, or a scattered one
+ * (byte_stream.py's ByteStream: its `views`, a list of byte buffers, written back
+ * to back into the ring, or filled in turn from it).
+ *
  * Anything else (no room, a wrap, another message first, a Desync, a peer's
  * last words) returns -1 with nothing consumed or written, and Python's general
  * path takes over, errors included. The GIL is held throughout: a put or take
@@ -93,6 +97,97 @@ static int stamp_fields(PyObject *stamp, long long out[6])
             return -1;
     }
     return 0;
+}
+
+/* A message's memory: one buffer, or the list of byte buffers of a ByteStream
+ * (its `views`), copied in turn. */
+typedef struct {
+    Py_buffer one;
+    Py_buffer *parts;            /* NULL: just `one` */
+    Py_ssize_t nparts;
+    int64_t len;
+    int readonly;
+} Parts;
+
+static PyObject *s_views;
+
+static int parts_get(PyObject *o, Parts *p)
+{
+    p->parts = NULL;
+    p->nparts = 0;
+    if (PyObject_CheckBuffer(o)) {
+        if (PyObject_GetBuffer(o, &p->one, PyBUF_SIMPLE) < 0)
+            return -1;
+        p->len = p->one.len;
+        p->readonly = p->one.readonly;
+        return 0;
+    }
+    PyObject *views = PyObject_GetAttr(o, s_views);
+    if (views == NULL || !PyList_CheckExact(views)) {
+        Py_XDECREF(views);
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "a message is a buffer or a ByteStream");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(views);
+    p->parts = PyMem_Malloc(sizeof(Py_buffer) * (n ? n : 1));
+    if (p->parts == NULL) {
+        Py_DECREF(views);
+        PyErr_NoMemory();
+        return -1;
+    }
+    p->len = 0;
+    p->readonly = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(views, i), &p->parts[i], PyBUF_SIMPLE) < 0) {
+            while (i--)
+                PyBuffer_Release(&p->parts[i]);
+            PyMem_Free(p->parts);
+            p->parts = NULL;
+            Py_DECREF(views);
+            return -1;
+        }
+        p->len += p->parts[i].len;
+        p->readonly |= p->parts[i].readonly && p->parts[i].len;
+        p->nparts = i + 1;
+    }
+    Py_DECREF(views);
+    return 0;
+}
+
+static void parts_release(Parts *p)
+{
+    if (p->parts == NULL) {
+        PyBuffer_Release(&p->one);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < p->nparts; i++)
+        PyBuffer_Release(&p->parts[i]);
+    PyMem_Free(p->parts);
+}
+
+static void parts_gather(Parts *p, unsigned char *dst)
+{
+    if (p->parts == NULL) {
+        memcpy(dst, p->one.buf, (size_t)p->len);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < p->nparts; i++) {
+        memcpy(dst, p->parts[i].buf, (size_t)p->parts[i].len);
+        dst += p->parts[i].len;
+    }
+}
+
+static void parts_scatter(Parts *p, const unsigned char *src)
+{
+    if (p->parts == NULL) {
+        memcpy(p->one.buf, src, (size_t)p->len);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < p->nparts; i++) {
+        memcpy(p->parts[i].buf, src, (size_t)p->parts[i].len);
+        src += p->parts[i].len;
+    }
 }
 
 static int RingLink_init(RingLink *self, PyObject *args, PyObject *kw)
@@ -177,8 +272,8 @@ static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nar
     } else if (stamp_fields(args[1], f) < 0) {
         return NULL;
     }
-    Py_buffer b;
-    if (PyObject_GetBuffer(args[3], &b, PyBUF_SIMPLE) < 0)
+    Parts b;
+    if (parts_get(args[3], &b) < 0)
         return NULL;
     int64_t n = b.len, size = HEADER_SIZE + n;
     int64_t pos = head % l->cap;
@@ -199,7 +294,7 @@ static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nar
         pos = 0;
     }
     if (pos + size > l->cap || head + size - tail > l->cap) {
-        PyBuffer_Release(&b);
+        parts_release(&b);
         return PyLong_FromLong(-1);
     }
     unsigned char *h = (unsigned char *)l->o_ring + pos;
@@ -213,8 +308,8 @@ static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nar
     memcpy(h + 16, &count, 8);
     memcpy(h + 24, &length, 8);
     if (n)
-        memcpy(h + HEADER_SIZE, b.buf, (size_t)n);
-    PyBuffer_Release(&b);
+        parts_gather(&b, h + HEADER_SIZE);
+    parts_release(&b);
     head += HEADER_SIZE + n;
     store(&l->q[l->o_head_i], head);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -259,13 +354,13 @@ static PyObject *RingLink_take(RingLink *l, PyObject *const *args, Py_ssize_t na
     double spin = PyFloat_AsDouble(args[4]);
     if (spin == -1.0 && PyErr_Occurred())
         return NULL;
-    Py_buffer b;
+    Parts b;
     /* not PyBUF_WRITABLE: an empty destination may be read-only (nothing is written) */
-    if (PyObject_GetBuffer(args[3], &b, PyBUF_SIMPLE) < 0)
+    if (parts_get(args[3], &b) < 0)
         return NULL;
     int64_t n = b.len;
     if (n && b.readonly) {
-        PyBuffer_Release(&b);
+        parts_release(&b);
         PyErr_SetString(PyExc_TypeError, "cannot receive into read-only memory");
         return NULL;
     }
@@ -325,7 +420,7 @@ static PyObject *RingLink_take(RingLink *l, PyObject *const *args, Py_ssize_t na
         goto decline;
     }
     if (n)
-        memcpy(b.buf, h + HEADER_SIZE, (size_t)n);
+        parts_scatter(&b, h + HEADER_SIZE);
     tail = want;
     store(&l->q[l->i_tail_i], tail);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -335,18 +430,20 @@ static PyObject *RingLink_take(RingLink *l, PyObject *const *args, Py_ssize_t na
             wake(l);
     }
     result = PyLong_FromLongLong(tail);
-    PyBuffer_Release(&b);
+    parts_release(&b);
     return result;
 decline:
-    PyBuffer_Release(&b);
+    parts_release(&b);
     return PyLong_FromLong(-1);
 }
 
 static PyMethodDef RingLink_methods[] = {
     {"put", (PyCFunction)(void (*)(void))RingLink_put, METH_FASTCALL,
-     "put(head, stamp, tag, view) -> new head, or -1: a message written in one piece"},
+     "put(head, stamp, tag, view) -> new head, or -1: a message written in one piece "
+     "(view: a buffer, or a ByteStream gathered)"},
     {"take", (PyCFunction)(void (*)(void))RingLink_take, METH_FASTCALL,
-     "take(tail, stamp, tag, view, spin_s) -> new tail, or -1: the awaited message taken"},
+     "take(tail, stamp, tag, view, spin_s) -> new tail, or -1: the awaited message taken "
+     "(view: a buffer, or a ByteStream scattered into)"},
     {NULL, NULL, 0, NULL}
 };
 
@@ -380,7 +477,8 @@ PyMODINIT_FUNC PyInit_ring_core(void)
     s_root = PyUnicode_InternFromString("root");
     s_seqf = PyUnicode_InternFromString("_seqf");
     s_count = PyUnicode_InternFromString("count");
-    if (!s_op || !s_dtype || !s_redop || !s_root || !s_seqf || !s_count)
+    s_views = PyUnicode_InternFromString("views");
+    if (!s_op || !s_dtype || !s_redop || !s_root || !s_seqf || !s_count || !s_views)
         return NULL;
     PyObject *m = PyModule_Create(&ring_module);
     if (m == NULL)

@@ -67,6 +67,7 @@ import time
 
 import numpy as np
 
+from ..byte_stream import ByteStream, staged
 from ..errors import AccordError, CommTimeout, GroupClosed
 from . import cma, cma_threshold, futex, ring_helper
 from .matching import Recv, Stash, StashMatching, complete, route
@@ -340,7 +341,10 @@ class _Link(StashMatching):
         else:
             header.pack_into(ring, pos, n)
         if n:
-            ring[pos + HEADER_SIZE:end] = buf
+            if buf.__class__ is ByteStream:
+                buf.gather(ring[pos + HEADER_SIZE:end], 0, n)
+            else:
+                ring[pos + HEADER_SIZE:end] = buf
         self.o_head = head = head + HEADER_SIZE + n
         self.t.q[self.o_head_i] = head
         self.poke_data()
@@ -394,7 +398,10 @@ class _Link(StashMatching):
                 (not stamp.matches(h) if stamp is not None else h[5] != tag):
             return False
         if n:
-            dest[:] = self.i_ring[start:start + n]
+            if dest.__class__ is ByteStream:
+                dest.scatter(self.i_ring[start:start + n], 0, n)
+            else:
+                dest[:] = self.i_ring[start:start + n]
         self.i_tail = tail = tail + HEADER_SIZE + n
         q[self.i_tail_i] = tail
         self.poke_space()
@@ -737,7 +744,8 @@ class ShmTransport(Reports):
         else:
             if not link.sends and n <= _INLINE and link.write_inline(header, buf, n):
                 return _SENT
-            s = _Send(peer, [header, buf] if n else [header])
+            s = _Send(peer, [header] + buf.views if buf.__class__ is ByteStream else
+                      [header, buf] if n else [header])
         link.sends.append(s)
         return s
 
@@ -830,6 +838,7 @@ class ShmTransport(Reports):
         """exchange() past the small-message lane: receive records, queued sends, and
         the progress loop."""
         links = self.links
+        recvs, scatter = staged(recvs)
         posted = []
         for peer, buf in recvs:
             r = Recv(peer, buf, stamp=stamp)
@@ -842,6 +851,8 @@ class ShmTransport(Reports):
             self._step(posted, outgoing, ())
             meanwhile()
         self._progress(posted, outgoing, deadline, stamp=stamp)
+        if scatter is not None:
+            scatter()
 
     def _send_inline(self, peer, buf, stamp):
         """Write a small send into its ring at once; False if it must queue (it is

@@ -15,6 +15,7 @@ import select
 import socket
 import time
 
+from ..byte_stream import ByteStream, staged
 from ..errors import GroupClosed, PeerLost
 from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
@@ -25,6 +26,8 @@ _RBUF = 1 << 16          # reads of small messages land here first: one syscall 
 _POLL_SLICE_MS = 1000
 _IDLE_MASK = select.POLLRDHUP | select.POLLERR | select.POLLHUP
 _EOF_ERRNOS = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ECONNABORTED, errno.ETIMEDOUT)
+_IOV_MAX = 1024         # the most buffers one sendmsg takes (Linux): a longer ByteStream goes on
+                        # in the next call, as a partly written message does
 
 
 
@@ -33,7 +36,11 @@ class _Send:
 
     def __init__(self, peer, header, payload):
         self.peer = peer
-        self.parts = [memoryview(header), payload] if len(payload) else [memoryview(header)]
+        if payload.__class__ is ByteStream:         # sendmsg gathers it
+            self.parts = [memoryview(header)] + [v for v in payload.views if len(v)]
+        else:
+            self.parts = [memoryview(header), payload] if len(payload) else \
+                [memoryview(header)]
         self.done = False
 
 
@@ -213,7 +220,8 @@ class Link(StashMatching):
         while self.sends:
             s = self.sends[0]
             try:
-                n = self.sock.sendmsg(s.parts)
+                n = self.sock.sendmsg(s.parts if len(s.parts) <= _IOV_MAX else
+                                      s.parts[:_IOV_MAX])
             except BlockingIOError:
                 return moved
             except OSError as e:
@@ -306,6 +314,7 @@ class TcpTransport(Reports):
         self._check_usable()
         if meanwhile is not None:
             meanwhile()
+        recvs, scatter = staged(recvs)
         posted = []
         for peer, buf in recvs:
             r = Recv(peer, buf, stamp=stamp)
@@ -325,6 +334,8 @@ class TcpTransport(Reports):
             self._progress(posted, outgoing, deadline)
         finally:
             self._sending = None
+        if scatter is not None:
+            scatter()
 
     def send1(self, peer, view, stamp, deadline, meanwhile=None):
         """exchange(((peer, view),), (), stamp, deadline, meanwhile)."""

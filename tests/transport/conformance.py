@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from accord.byte_stream import ByteStream
 from accord.errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
 from accord.transport.p2p import Engine, Pending
 from accord.transport.wire import OP_CODES, Stamp
@@ -110,6 +111,65 @@ def check_same_peer_in_order_pair(maker):
     """check_same_peer_in_order between two ranks (on shared memory with a core each,
     the receiver spins for the last message it waits for)."""
     check_same_peer_in_order(maker, 2)
+
+
+def cut(arr, seed):
+    """arr's bytes as a ByteStream of views of uneven lengths (empty ones among them)."""
+    mv = memoryview(arr).cast("B")
+    rng = np.random.default_rng([len(mv), seed])
+    edges = sorted(set([0, len(mv)] + rng.integers(0, len(mv) + 1, 6).tolist()))
+    views = [mv[a:b] for a, b in zip(edges, edges[1:])]
+    return ByteStream(views[:1] + [mv[0:0]] + views[1:])
+
+
+def check_streams(maker, size=3):
+    """A message given as a ByteStream goes out as its views back to back and is
+    received whole; one received into a ByteStream fills its views in turn; both at
+    once; through exchange() (several peers, and one peer each way) and send1/recv1,
+    at sizes that go in one piece, that wait for room and that stream through a ring."""
+    planes = maker.make(size)
+    try:
+        cap = ring_bytes(planes[0][0])
+        sizes = [0, 1, 100, 4096, cap - 1, cap + 1, 3 * cap]
+
+        def rank(r):
+            t = planes[r][0]
+            peers = [p for p in range(size) if p != r]
+            seq = 0
+            for n in sizes:
+                for how in ("send", "recv", "both"):
+                    seq += 1
+                    out = {p: payload(n, r, p, seq) for p in peers}
+                    got = {p: np.zeros(n, np.uint8) for p in peers}
+                    sends = [(p, cut(out[p], 1) if how != "recv" else memoryview(out[p]))
+                             for p in peers]
+                    recvs = [(p, cut(got[p], 2) if how != "send" else memoryview(got[p]))
+                             for p in peers]
+                    t.exchange(sends, recvs, stamp(seq, n), time.monotonic() + 20)
+                    for p in peers:
+                        assert np.array_equal(got[p], payload(n, p, r, seq)), (r, p, n, how)
+                # one message each way with the next rank, through send1/recv1
+                seq += 1
+                right, left = (r + 1) % size, (r - 1) % size
+                got = np.zeros(n, np.uint8)
+                if r % 2 == 0:
+                    t.send1(right, cut(payload(n, r, seq), 3), stamp(seq, n),
+                            time.monotonic() + 20)
+                    t.recv1(left, cut(got, 4), stamp(seq, n), time.monotonic() + 20)
+                else:
+                    t.recv1(left, cut(got, 4), stamp(seq, n), time.monotonic() + 20)
+                    t.send1(right, cut(payload(n, r, seq), 3), stamp(seq, n),
+                            time.monotonic() + 20)
+                assert np.array_equal(got, payload(n, left, seq)), (r, n, "send1/recv1")
+            return True
+        assert ok(in_threads(*[lambda r=r: rank(r) for r in range(size)], timeout=60))
+    finally:
+        maker.close(planes)
+
+
+def check_streams_pair(maker):
+    """check_streams between two ranks (on shared memory, the one-piece path's spin)."""
+    check_streams(maker, 2)
 
 
 def check_both_ways_full(maker):
@@ -335,6 +395,6 @@ def check_take_now(maker):
 
 
 CHECKS = [check_fifo, check_same_peer_in_order, check_same_peer_in_order_pair,
-          check_both_ways_full, check_stamps, check_deadline, check_interrupt,
+          check_streams, check_streams_pair, check_both_ways_full, check_stamps, check_deadline, check_interrupt,
           check_abort, check_goodbye, check_closed, check_os_errors, check_tagged,
           check_tagged_peer_lost, check_take_now]
