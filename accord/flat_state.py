@@ -122,7 +122,7 @@ def _address(v):
 
 class _Bucket:
     """One broadcast collective of the layout: packed small tensors, then large ones."""
-    __slots__ = ("code", "name", "total", "packed", "segments", "pieces", "direct")
+    __slots__ = ("code", "name", "total", "packed", "segments", "pieces")
 
     def __init__(self, code, name):
         self.code, self.name = code, name
@@ -132,17 +132,15 @@ class _Bucket:
         # memory, in the order this rank copies (the root packs, a receiver unpacks)
         self.segments = []
         self.pieces = []            # byte views: the packed array's pieces, the large ones'
-        # per packed piece: its tensors' memory in order, as one ByteStream (a message
-        # sent from or received into them with no packed copy between)
-        self.direct = []
 
 
 class _Entry:
     # word: 16 bytes for broadcast_state's agreement, this entry's token (random, never
     # 0, new for every entry) and the address of `table`, its (address, length) rows,
-    # from which a peer reads where this rank's tensors are (once per token)
+    # from which a peer reads where this rank's tensors are (once per token); plans:
+    # root -> what broadcast_state worked out for a call on this entry (state._Plan)
     __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes", "table",
-                 "word", "rows", "remote", "_stream", "views", "_bytes", "plans", "_direct")
+                 "word", "rows", "remote", "_stream", "views", "_bytes", "plans")
 
     def stream(self):
         """(pieces, copier, layout): every bucket's pieces in order, one hook packing
@@ -158,22 +156,13 @@ class _Entry:
             self._stream = (pieces, piece_copier(segments), layout)
         return self._stream
 
-    def direct_pieces(self):
-        """stream()'s pieces with each packed one as a ByteStream of the tensors it
-        packs: the messages a root sends (gathered from its tensors) and a receiver
-        takes (scattered into them) where the transport carries them whole, with no
-        packing or unpacking. The wire bytes are the packed pieces'. Made once."""
-        if self._direct is None:
-            self._direct = [p for b in self.buckets
-                            for p in b.direct + b.pieces[len(b.direct):]]
-        return self._direct
-
     def byte_stream(self):
         """Every tensor, in stream order (each bucket's packed small tensors, then its
         large ones: the bytes its pieces carry, back to back), as one ByteStream: what
-        a root that writes its stream into its shared slot copies from, straight from
-        its tensors with no packed buffer between (broadcast_state's _send_ahead), and
-        a receiver copies into. Made once per entry."""
+        a root that sends its state with its row copies from, straight from its tensors
+        with no packed buffer between (into its shared slot, or as one message through
+        the transport: broadcast_state's _send_ahead), and a receiver copies into.
+        Made once per entry."""
         if self._bytes is None:
             self._bytes = ByteStream(self.views)
         return self._bytes
@@ -291,7 +280,7 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
     e.digest = digest
     e.remote = {}
     e.plans = {}
-    e._stream = e._bytes = e._direct = None
+    e._stream = e._bytes = None
     e.rows = []
     e.views = []
     table = []
@@ -335,8 +324,6 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
                     out.segments[k].append((packed_view, tensor_view) if is_root else
                                            (tensor_view, packed_view))
                     off = stop
-            out.direct = [ByteStream([pair[1] if is_root else pair[0] for pair in seg])
-                          for seg in out.segments]
         out.pieces += large
         e.views += [w[a:a + n] for a, n in small]
         e.views += large
