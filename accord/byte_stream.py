@@ -8,9 +8,10 @@ same stream elsewhere (its own tensors, or the general path's packed arrays).
 A ByteStream is also a message of its own: the transports' exchange(), send1()
 and recv1() take one wherever they take a byte view (transport/base.py), sending
 its views back to back as one message (gathered as they are written out) and
-filling them in turn from one (scattered as it is read), so that small tensors
-travel with no packed copy of them on either side. A path of a medium that can
-only fill one buffer receives into a contiguous stand-in first (staged()).
+filling them in turn from one (scattered as it is read, slice by slice:
+`stream[lo:hi] = data`), so that tensors travel with no packed copy of them on
+either side. A path of a medium that can only fill one buffer receives into a
+contiguous stand-in first (staged()).
 """
 import bisect
 from typing import List
@@ -38,6 +39,15 @@ class ByteStream:
 
     def __len__(self) -> int:
         return self.ends[-1] if self.ends else 0
+
+    def __setitem__(self, key: slice, data) -> None:
+        """stream[lo:hi] = data: scatter(data, lo, hi), so that code filling a buffer
+        slice by slice (a ring's reader, a stash's) fills a stream alike."""
+        lo, hi, step = key.indices(len(self))
+        if step != 1 or len(data) != hi - lo:
+            raise ValueError(f"a ByteStream takes a contiguous slice of its own length "
+                             f"({hi - lo} bytes), not {len(data)} bytes")
+        self.scatter(data, lo, hi)
 
     def _spans(self, lo, hi):
         """(view index, offset in the view, offset in the buffer, length) for stream[lo:hi]."""

@@ -45,3 +45,28 @@ def test_a_range_inside_one_view_and_across_three():
     bufs, dst = _views([4, 4, 4])
     ByteStream(dst).scatter(memoryview(bytes([7, 8, 9, 10, 11, 12])), 3, 9)
     assert bufs == [bytearray([0, 0, 0, 7]), bytearray([8, 9, 10, 11]), bytearray([12, 0, 0, 0])]
+
+
+def test_slice_assignment_scatters_and_len_is_the_byte_count():
+    bufs, dst = _views([3, 0, 5])
+    s = ByteStream(dst)
+    assert len(s) == 8 and not s.contiguous
+    s[2:6] = memoryview(bytes([1, 2, 3, 4]))
+    assert bufs == [bytearray([0, 0, 1]), bytearray(), bytearray([2, 3, 4, 0, 0])]
+    s[:] = bytes(range(10, 18))
+    assert bufs == [bytearray([10, 11, 12]), bytearray(), bytearray([13, 14, 15, 16, 17])]
+    with pytest.raises(ValueError, match="its own length"):
+        s[0:4] = bytes(3)
+
+
+def test_staged_swaps_only_streams_for_stand_ins_and_scatters_them_after():
+    from accord.byte_stream import staged
+    plain = memoryview(bytearray(2))
+    assert staged([(1, plain)]) == ([(1, plain)], None)
+    bufs, dst = _views([2, 3])
+    recvs, finish = staged([(0, plain), (2, ByteStream(dst))])
+    assert recvs[0] == (0, plain) and recvs[1][0] == 2 and len(recvs[1][1]) == 5
+    recvs[1][1][:] = bytes([1, 2, 3, 4, 5])
+    assert bufs == [bytearray(2), bytearray(3)]        # nothing until finish()
+    finish()
+    assert bufs == [bytearray([1, 2]), bytearray([3, 4, 5])]

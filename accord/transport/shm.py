@@ -67,7 +67,7 @@ import time
 
 import numpy as np
 
-from ..byte_stream import ByteStream, staged
+from ..byte_stream import ByteStream
 from ..errors import AccordError, CommTimeout, GroupClosed
 from . import cma, cma_threshold, futex, ring_helper
 from .matching import Recv, Stash, StashMatching, complete, route
@@ -503,6 +503,13 @@ class _Link(StashMatching):
                         try:
                             if owner.__class__ is Stash:
                                 self._cma_into_stash(owner, dest, addr)
+                            elif dest.__class__ is ByteStream:
+                                # a scattered receive of a message sent in one piece
+                                whole = bytearray(len(dest))
+                                if whole:
+                                    cma.read(self.pid, cma.address(memoryview(whole)), addr,
+                                             len(whole))
+                                dest[:] = whole
                             elif len(dest):
                                 cma.read(self.pid, cma.address(dest), addr, len(dest))
                         except OSError as e:
@@ -838,7 +845,6 @@ class ShmTransport(Reports):
         """exchange() past the small-message lane: receive records, queued sends, and
         the progress loop."""
         links = self.links
-        recvs, scatter = staged(recvs)
         posted = []
         for peer, buf in recvs:
             r = Recv(peer, buf, stamp=stamp)
@@ -851,8 +857,6 @@ class ShmTransport(Reports):
             self._step(posted, outgoing, ())
             meanwhile()
         self._progress(posted, outgoing, deadline, stamp=stamp)
-        if scatter is not None:
-            scatter()
 
     def _send_inline(self, peer, buf, stamp):
         """Write a small send into its ring at once; False if it must queue (it is
