@@ -47,9 +47,10 @@ holding an entry, the buckets move in the agreement's own call.
 A root holding an entry does not wait for the agreement before it sends, beyond two
 ranks over shared memory (where the arena holds shared slots) at any size, elsewhere
 for a small state (under 1 MiB, every bucket going through the transport, at two
-ranks too, where a larger state goes by address): its pieces follow its row in the same step, and each receiver takes
-them once it holds every row, into its tensors where the structures agree, into
-scratch where they do not (so nothing is written and the links stay clean). A sync
+ranks too, where a larger state goes by address): its pieces follow its row in the
+same step (through the transport, as one message gathered from its tensors), and each
+receiver takes them once it holds every row, into its tensors where the structures
+agree, into scratch where they do not (so nothing is written and the links stay clean). A sync
 then costs the agreement's one round, not a second one in which the receivers wait
 again for the root. Beyond two ranks over shared memory the root writes them once,
 straight from its tensors, into its shared slot (transport/slots.py), in chunks of
