@@ -10,10 +10,13 @@ So a call that sees the same dict (with the same first tensor) a second time kee
 what it learnt about the dict: its keys, weak
 references to its tensors, each tensor's memory address, shape, strides and
 dtype, the digest of the structure and the bucket layout. A later call with
-the same dict object checks, tensor by tensor, that each one is still the same
-object with the same address and metadata (resize_, set_, `.data =`, an
-in-place reshape or a new key all fail the check and take the general path),
-then moves the bytes by address: small tensors are packed into (and unpacked
+the same dict object checks, tensor by tensor, that each one still has the same
+address and metadata (and, for a numpy array, whose address cannot be read as
+cheaply, that it is the same object: resize_, set_, `.data =`, an in-place
+reshape or transpose, a new dtype or a new key all fail the check and take the
+general path), then moves the bytes by address: a state that goes with the
+root's row travels as one message gathered from and scattered into the tensors
+(byte_stream()); bucket by bucket, small tensors are packed into (and unpacked
 from) a buffer kept with the entry, large ones travel from and into the
 tensors' memory. The views it copies through are slices of one memoryview
 spanning the address space (`_window`): slicing it costs 0.1 µs where a ctypes

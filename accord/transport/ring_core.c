@@ -99,8 +99,8 @@ static int stamp_fields(PyObject *stamp, long long out[6])
     return 0;
 }
 
-/* A message's memory: one buffer, or the list of byte buffers of a ByteStream
- * (its `views`), copied in turn. */
+/* A message's memory: one buffer, or the byte buffers of a ByteStream (its `views`,
+ * a list or tuple), copied in turn. */
 typedef struct {
     Py_buffer one;
     Py_buffer *parts;            /* NULL: just `one` */
@@ -122,14 +122,15 @@ static int parts_get(PyObject *o, Parts *p)
         p->readonly = p->one.readonly;
         return 0;
     }
-    PyObject *views = PyObject_GetAttr(o, s_views);
-    if (views == NULL || !PyList_CheckExact(views)) {
-        Py_XDECREF(views);
+    PyObject *attr = PyObject_GetAttr(o, s_views);
+    PyObject *views = attr == NULL ? NULL : PySequence_Fast(attr, "");
+    Py_XDECREF(attr);
+    if (views == NULL) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "a message is a buffer or a ByteStream");
         return -1;
     }
-    Py_ssize_t n = PyList_GET_SIZE(views);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(views);
     p->parts = PyMem_Malloc(sizeof(Py_buffer) * (n ? n : 1));
     if (p->parts == NULL) {
         Py_DECREF(views);
@@ -139,7 +140,8 @@ static int parts_get(PyObject *o, Parts *p)
     p->len = 0;
     p->readonly = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (PyObject_GetBuffer(PyList_GET_ITEM(views, i), &p->parts[i], PyBUF_SIMPLE) < 0) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(views, i), &p->parts[i],
+                               PyBUF_SIMPLE) < 0) {
             while (i--)
                 PyBuffer_Release(&p->parts[i]);
             PyMem_Free(p->parts);

@@ -167,6 +167,29 @@ def check_streams(maker, size=3):
         maker.close(planes)
 
 
+def check_stream_of_many_views(maker):
+    """A ByteStream of more views than one system call takes (1500 of 3 bytes, and a
+    few empty), each way between two ranks, into a stream of other cuts."""
+    planes = maker.make(2)
+    try:
+        n = 4500
+
+        def views(arr, k):
+            mv = memoryview(arr).cast("B")
+            out = [mv[i:i + k] for i in range(0, len(mv), k)]
+            return ByteStream(out[:10] + [mv[0:0]] * 5 + out[10:])
+
+        def rank(r):
+            t = planes[r][0]
+            got = np.zeros(n, np.uint8)
+            sends = [(1 - r, views(payload(n, r), 3))]
+            t.exchange(sends, [(1 - r, views(got, 7))], stamp(1, n), time.monotonic() + 20)
+            return bool(np.array_equal(got, payload(n, 1 - r)))
+        assert ok(in_threads(lambda: rank(0), lambda: rank(1))) == [True, True]
+    finally:
+        maker.close(planes)
+
+
 def check_streams_pair(maker):
     """check_streams between two ranks (on shared memory, the one-piece path's spin)."""
     check_streams(maker, 2)
@@ -395,6 +418,7 @@ def check_take_now(maker):
 
 
 CHECKS = [check_fifo, check_same_peer_in_order, check_same_peer_in_order_pair,
-          check_streams, check_streams_pair, check_both_ways_full, check_stamps, check_deadline, check_interrupt,
+          check_streams, check_streams_pair, check_stream_of_many_views,
+          check_both_ways_full, check_stamps, check_deadline, check_interrupt,
           check_abort, check_goodbye, check_closed, check_os_errors, check_tagged,
           check_tagged_peer_lost, check_take_now]
