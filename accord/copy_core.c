@@ -12,6 +12,14 @@
  * writable C-contiguous buffer of the same length), with SSE2 streaming stores on
  * x86-64 and memcpy elsewhere; the GIL is released while it copies. Overlapping
  * buffers are copied with memmove.
+ *
+ * views_copy(views, i, off, mem, n, into_views): the copies of a ByteStream
+ * (accord/byte_stream.py), a stream of many small buffers taken range by range:
+ * n bytes between mem and the stream that starts at views[i][off] (views: a list
+ * or tuple of byte buffers), into mem (a gather) or, with into_views, from mem into
+ * the views (a scatter). In Python each view the range crosses costs two slices
+ * and an assignment: a state of 300 small tensors (5.5 MB) gathered in 1 MiB
+ * chunks took 196 µs against 110 for a memcpy of the same bytes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -90,9 +98,74 @@ static PyObject *stream_copy(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+static PyObject *views_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "views_copy(views, i, off, mem, n, into_views)");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[4]);
+    int into = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred() || into < 0)
+        return NULL;
+    PyObject *views = PySequence_Fast(args[0], "views_copy: views must be a list or tuple");
+    if (views == NULL)
+        return NULL;
+    Py_buffer m;
+    if (PyObject_GetBuffer(args[3], &m, into ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0) {
+        Py_DECREF(views);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (n < 0 || n > m.len || i < 0 || off < 0) {
+        PyErr_Format(PyExc_ValueError, "views_copy: %zd bytes from view %zd at %zd, "
+                     "with a buffer of %zd", n, i, off, m.len);
+        goto done;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(views);
+    char *at = (char *)m.buf;
+    while (n > 0) {
+        if (i >= count) {
+            PyErr_SetString(PyExc_ValueError, "views_copy: the stream ends before the range");
+            goto done;
+        }
+        Py_buffer v;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(views, i), &v,
+                               into ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+            goto done;
+        if (off > v.len) {
+            PyBuffer_Release(&v);
+            PyErr_SetString(PyExc_ValueError, "views_copy: an offset past its view's end");
+            goto done;
+        }
+        Py_ssize_t k = v.len - off < n ? v.len - off : n;
+        if (into)
+            memcpy((char *)v.buf + off, at, (size_t)k);
+        else
+            memcpy(at, (const char *)v.buf + off, (size_t)k);
+        PyBuffer_Release(&v);
+        at += k;
+        n -= k;
+        i++;
+        off = 0;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&m);
+    Py_DECREF(views);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"stream_copy", (PyCFunction)(void (*)(void))stream_copy, METH_FASTCALL,
      "stream_copy(dst, src): copy src's bytes into dst with non-temporal stores."},
+    {"views_copy", (PyCFunction)(void (*)(void))views_copy, METH_FASTCALL,
+     "views_copy(views, i, off, mem, n, into_views): n bytes between mem and the "
+     "stream of views that starts at views[i][off] (a gather, or with into_views a "
+     "scatter)."},
     {NULL, NULL, 0, NULL},
 };
 

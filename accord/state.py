@@ -222,6 +222,10 @@ _ENTRY, _AHEAD, _SLOTTED = 1, 2, 3
 AHEAD_SLOT = True
 AHEAD_MAX = SEGMENTS_MIN_WIDE
 AHEAD_PIECES = 64
+# two ranks over a medium that fills a ByteStream in place (shared memory) send ahead at
+# any size, the state one message through the ring, where it went by address after the
+# agreement from AHEAD_MAX (False; bench_ahead.py -n 2 times the two in turn)
+AHEAD_PAIR = True
 
 
 def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, then=None,
@@ -321,7 +325,7 @@ class _Plan:
     rank's row of the agreement, and for a root that sends its pieces with it
     (_goes_ahead), how (ahead: _SLOTTED or _AHEAD, else 0) and, through the rings, its
     messages."""
-    __slots__ = ("choices", "row", "ahead", "sends")
+    __slots__ = ("choices", "slot", "pair", "row", "ahead", "sends")
 
 
 def _plan(c, e, root, head, forced):
@@ -329,13 +333,16 @@ def _plan(c, e, root, head, forced):
     general path: a row without an address word, never ahead). An entry's plan is kept
     with it per root and reused while the call runs on the same links (the links'
     `choices` memo, which lives as long as they do, names them), unless algorithms are
-    forced; head: the row's first _KEY bytes (error flag, digest, bucket_bytes)."""
+    forced or AHEAD_SLOT or AHEAD_PAIR changed (benchmarks set them between rounds);
+    head: the row's first _KEY bytes (error flag, digest, bucket_bytes)."""
     if e is not None and not forced:
         p = e.plans.get(root)
-        if p is not None and p.choices is c.choices and p.row[:_KEY] == head:
+        if p is not None and p.choices is c.choices and p.slot is AHEAD_SLOT and \
+                p.pair is AHEAD_PAIR and p.row[:_KEY] == head:
             return p
     p = _Plan()
     p.choices = c.choices
+    p.slot, p.pair = AHEAD_SLOT, AHEAD_PAIR     # what it was worked out for
     p.ahead, p.sends = 0, None
     if e is None:
         p.row = head + _NO_ADDRESS + bytes(_TAIL)
@@ -367,12 +374,12 @@ def _plan(c, e, root, head, forced):
 def _goes_ahead(c, e, forced):
     """Whether the root, holding entry e, sends its pieces right behind its row, before
     it knows that the others agree, no algorithm forced: where the group has shared
-    slots (beyond two ranks over shared memory), a state of any size; else a small
-    state (under AHEAD_MAX, in at most AHEAD_PIECES pieces), through the transport,
-    two ranks that may copy between memories included: at world 2 over shared memory
-    the copy by address waits for the agreement's round first, and for 10 or 30 small
-    tensors (238 and 602 KiB) the rings behind the row took 0.75-0.85x its time
-    (paired runs; benchmarks/results/small-messages.md).
+    slots (beyond two ranks over shared memory), a state of any size; two ranks over
+    shared memory (AHEAD_PAIR), a state of any size, through the ring; else a small
+    state (under AHEAD_MAX, in at most AHEAD_PIECES pieces), through the transport.
+    At world 2 the copy by address waits for the agreement's round first, and for 10
+    or 30 small tensors (238 and 602 KiB) the rings behind the row took 0.75-0.85x its
+    time (paired runs; benchmarks/results/small-messages.md).
 
     The receivers wait for the rows anyway; taking the pieces in the same wake-up saves
     the round in which the root, having read every row, sends, and each receiver wakes
@@ -386,6 +393,12 @@ def _goes_ahead(c, e, forced):
         # written once into the root's slot, whatever the number of receivers, and
         # copied out by each: at worlds 3, 4 and 8 faster than the copy by address at
         # every size measured, 81 tensors (1.5 MiB) to 100 (50 MiB)
+        return True
+    if AHEAD_PAIR and c.size == 2 and c.scatters:
+        # one message gathered from the root's tensors and scattered into the
+        # receiver's as it streams through the ring, both copying at once: 300 small
+        # tensors (5.5 MB) 0.92x the copy by address's time, 100 tensors of 16 MiB in
+        # all 0.93x, of 50 MiB 0.79x (paired rounds, benchmarks/results/small-messages.md)
         return True
     return len(pieces) <= AHEAD_PIECES and sum(b.total for b in e.buckets) < AHEAD_MAX
 

@@ -1,14 +1,19 @@
-"""A small state synced again beyond two ranks: the root's pieces through its shared
-slot (written once, copied out by each receiver) against on every receiver's ring.
+"""A state synced again, two ways of moving it: beyond two ranks the root's pieces
+through its shared slot (written once, copied out by each receiver) against on every
+receiver's ring; at two ranks the state as one message through the ring behind the
+root's row against copied by address once the rows are in.
 
     .venv/bin/python benchmarks/bench_ahead.py [-n 3,4] [--tensors 10,30] [--rounds 9]
                                                [--calls 100] [--out FILE]
 
 A dict of float32 torch tensors of 128 B to 128 KiB (geometric sizes, as
 bench_state.py --small makes them) is synced from rank 0 with broadcast_state,
-which at these sizes sends its pieces behind the root's row in the agreement's
-call (state.py, _send_ahead). accord.state.AHEAD_SLOT picks the way: True
-through the root's slot, False on the rings. Rounds alternate the two ways in
+which sends its pieces behind the root's row in the agreement's call (state.py,
+_send_ahead). Beyond two ranks accord.state.AHEAD_SLOT picks the way ("ahead":
+True, through the root's slot; "other": False, on the rings); at two ranks
+accord.state.AHEAD_PAIR ("ahead": True, through the ring at any size; "other":
+False, by address from 1 MiB, a smaller state still behind the row through the
+ring). Rounds alternate the two ways in
 the same processes (the machine's speed moves between runs, not within a pair
 of rounds); a round times --calls back-to-back calls, its time the slowest
 rank's. The loop of broadcasts and one broadcast of the same bytes run in the
@@ -23,7 +28,7 @@ import time
 
 from worlds import run_worlds, write_table
 
-METHODS = ("slot", "rings", "loop", "one")
+METHODS = ("ahead", "other", "loop", "one")
 
 
 def worker(tensors, rounds, calls):
@@ -43,9 +48,12 @@ def worker(tensors, rounds, calls):
         sd = {k: v.clone() if rank == 0 else torch.zeros_like(v) for k, v in ref.items()}
         flat = torch.zeros(sum(sizes))
 
-        def sync(slot):
+        def sync(ahead):
             def f():
-                state.AHEAD_SLOT = slot
+                if world == 2:
+                    state.AHEAD_PAIR = ahead
+                else:
+                    state.AHEAD_SLOT = ahead
                 accord.broadcast_state(sd, src=0)
             return f
 
@@ -55,7 +63,7 @@ def worker(tensors, rounds, calls):
 
         def one():
             accord.broadcast(flat, src=0)
-        fns = {"slot": sync(True), "rings": sync(False), "loop": loop, "one": one}
+        fns = {"ahead": sync(True), "other": sync(False), "loop": loop, "one": one}
         times = {k: [] for k in METHODS}
         for rnd in range(rounds + 2):           # two warm-up rounds
             for name in METHODS:
@@ -67,14 +75,14 @@ def worker(tensors, rounds, calls):
                 for _ in range(calls):
                     fns[name]()
                 dt = np.array([(time.perf_counter() - t0) / calls])
-                if rank != 0 and name in ("slot", "rings", "loop"):
+                if rank != 0 and name in ("ahead", "other", "loop"):
                     for k, t in sd.items():
                         if not torch.equal(t, ref[k]):
                             raise AssertionError(f"{name}: rank {rank}: {k} differs")
                 accord.all_reduce(dt, op=accord.ReduceOp.MAX)
                 if rnd >= 2:
                     times[name].append(float(dt[0]))
-        state.AHEAD_SLOT = True
+        state.AHEAD_SLOT = state.AHEAD_PAIR = True
         if rank == 0:
             print("RESULT " + json.dumps({"world": world, "tensors": n,
                                           "nbytes": sum(sizes) * 4, "times": times}),
@@ -84,17 +92,19 @@ def worker(tensors, rounds, calls):
 
 def table(results, command, load0, load1):
     lines = [f"`{command}`", "",
-             "time per sync (µs): the median round's slowest rank; slot/rings: the median "
-             "of the per-round ratios (each pair of rounds run back to back)", "",
-             "| world | state | slot | rings | slot/rings | loop | one broadcast | "
-             "loop/slot |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "time per sync (µs): the median round's slowest rank; ahead: world 2 through "
+             "the ring behind the row, beyond through the root's slot; other: world 2 by "
+             "address (from 1 MiB), beyond on the rings; ahead/other: the median of the "
+             "per-round ratios (each pair of rounds run back to back)", "",
+             "| world | state | ahead | other | ahead/other | loop | one broadcast | "
+             "loop/ahead |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         t = r["times"]
         med = {k: statistics.median(v) * 1e6 for k, v in t.items()}
-        ratio = statistics.median(a / b for a, b in zip(t["slot"], t["rings"]))
+        ratio = statistics.median(a / b for a, b in zip(t["ahead"], t["other"]))
         lines.append(f"| {r['world']} | {r['tensors']} tensors, {r['nbytes'] // 1024} KiB | "
-                     f"{med['slot']:.0f} | {med['rings']:.0f} | {ratio:.2f}x | "
-                     f"{med['loop']:.0f} | {med['one']:.0f} | {med['loop'] / med['slot']:.2f}x |")
+                     f"{med['ahead']:.0f} | {med['other']:.0f} | {ratio:.2f}x | "
+                     f"{med['loop']:.0f} | {med['one']:.0f} | {med['loop'] / med['ahead']:.2f}x |")
     lines += ["", f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} at the start, "
               f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} at the end"]
     return "\n".join(lines) + "\n"
@@ -102,7 +112,7 @@ def table(results, command, load0, load1):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-n", default="3,4", help="world sizes, comma-separated (beyond 2)")
+    ap.add_argument("-n", default="3,4", help="world sizes, comma-separated")
     ap.add_argument("--tensors", default="10,30", help="tensors in the state, comma-separated")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=100)

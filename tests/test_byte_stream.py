@@ -2,9 +2,21 @@
 import numpy as np
 import pytest
 
+from accord import byte_stream
 from accord.byte_stream import ByteStream
 
 pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(params=["helper", "python"], autouse=True)
+def copies(request, monkeypatch):
+    """Every test twice: the C helper's copies (where it was built) and Python's."""
+    if request.param == "helper":
+        if byte_stream._views_copy is None:
+            pytest.skip("the C helper is not built here (or ACCORD_COPY_HELPER=0)")
+    else:
+        monkeypatch.setattr(byte_stream, "_views_copy", None)
+    return request.param
 
 
 def _views(sizes, fill=None):
@@ -70,3 +82,12 @@ def test_staged_swaps_only_streams_for_stand_ins_and_scatters_them_after():
     assert bufs == [bytearray(2), bytearray(3)]        # nothing until finish()
     finish()
     assert bufs == [bytearray([1, 2]), bytearray([3, 4, 5])]
+
+
+def test_a_range_past_the_stream_or_a_short_buffer_is_refused():
+    _, src = _views([4, 4], lambda i, n: bytes(n))
+    s = ByteStream(src)
+    with pytest.raises((ValueError, IndexError)):
+        s.gather(memoryview(bytearray(2)), 3, 7)        # 4 bytes into a buffer of 2
+    with pytest.raises((ValueError, IndexError)):
+        s.gather(memoryview(bytearray(6)), 4, 10)       # past the stream's 8 bytes

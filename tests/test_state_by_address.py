@@ -1,8 +1,9 @@
-"""broadcast_state synced again over shared memory: at two ranks a state of 1 MiB or
-more copied from each root tensor straight into the receiver's (process_vm_readv /
-writev over lists of segments), no packing, a smaller one behind the root's row in
-the agreement's call; beyond two, through the root's shared slot in chunks (by
-address only in an arena without slots). Every rank must end with the root's bytes,
+"""broadcast_state synced again over shared memory: at two ranks a state of any size
+behind the root's row in the agreement's call, one message through the ring (with
+state.AHEAD_PAIR off, one of 1 MiB or more copied from each root tensor straight into
+the receiver's: process_vm_readv / writev over lists of segments, no packing); beyond
+two, through the root's shared slot in chunks (by address only in an arena without
+slots). Every rank must end with the root's bytes,
 whichever path each call takes, however the dicts change between calls. (A mismatch after syncs by address:
 test_state_repeat.py's test of a mismatch on the fast path, at worlds 2 and 3.)"""
 import gc
@@ -71,7 +72,16 @@ def _state(n=12, dtype=np.float32, start=3):
     return {f"p{i}": np.full(int(start * 1.9 ** i), -1, dtype) for i in range(n)}
 
 
-def _steady(rank, world, state_fn, steps, kwargs):
+def _no_pair():
+    """Two ranks copy a state of 1 MiB or more by address: turn off sending it behind
+    the root's row through the ring (state.AHEAD_PAIR), the default over shared memory."""
+    from accord import state
+    state.AHEAD_PAIR = False
+
+
+def _steady(rank, world, state_fn, steps, kwargs, pair=True):
+    if not pair:
+        _no_pair()
     state = state_fn()
     with _paths() as took:
         for step in range(steps):
@@ -93,7 +103,8 @@ def _many():
 
 def _bulky(state_fn):
     # the same state and a tensor of 1.2 MB (a float32 bucket, the first, of 1 MiB or
-    # more): too large to go behind the root's row, so every bucket is copied by address
+    # more): with AHEAD_PAIR off too large to go behind the root's row, so every bucket
+    # is copied by address
     def make():
         s = state_fn()
         s["bulk"] = np.full(300_000, -1, np.float32)
@@ -108,7 +119,7 @@ def _bulky(state_fn):
     (_bulky(_many), {}),
 ], ids=["one-bucket", "dtypes", "small-buckets", "2500-tensors"])
 def test_two_ranks_copy_every_bucket_by_address_once_the_dict_is_known(state_fn, kwargs):
-    took = run_ranks(2, _steady, state_fn, 5, kwargs)
+    took = run_ranks(2, _steady, state_fn, 5, kwargs, False)
     n = len(took[0]) // 3
     # calls 1 and 2 learn the dict (general path); calls 3-5 copy by address
     assert took[0] == took[1] == ["address"] * n * 3 and n >= 1, took
@@ -123,18 +134,30 @@ def test_two_ranks_send_a_small_state_behind_the_roots_row(state_fn, kwargs):
     assert run_ranks(2, _steady, state_fn, 5, kwargs) == [["ahead"] * 3] * 2
 
 
+@pytest.mark.parametrize("state_fn,kwargs", [
+    (_bulky(_state), {}), (_bulky(_mixed), {"bucket_bytes": 16 << 10}), (_bulky(_many), {}),
+], ids=["one-bucket", "small-buckets", "2500-tensors"])
+def test_two_ranks_send_a_large_state_behind_the_roots_row_through_the_ring(state_fn, kwargs):
+    # 1.2 MB and more: one message gathered from the root's tensors, streamed through
+    # the ring in pieces and scattered into the receiver's as it comes
+    assert run_ranks(2, _steady, state_fn, 5, kwargs) == [["ahead"] * 3] * 2
+
+
 def _large():
     # 1.9 MiB in all (a tensor of 1.4 MiB): no longer sent behind the root's row
     return _state(10, start=2500)
 
 
-@pytest.mark.parametrize("env", [{"ACCORD_SHM_CMA": "0"}, {"ACCORD_TRANSPORT": "tcp"}],
+@pytest.mark.parametrize("env,large", [({"ACCORD_SHM_CMA": "0"}, "ahead"),
+                                       ({"ACCORD_TRANSPORT": "tcp"}, "ring")],
                          ids=["no-single-copy", "tcp"])
-def test_without_single_copy_a_small_state_follows_the_roots_row_a_large_one_the_ring(env):
+def test_without_single_copy_a_small_state_follows_the_roots_row(env, large):
     # calls 3 and 4 of each: the small state (under 1 MiB) behind the root's row in the
-    # agreement's call, the large one's bucket through the transport
+    # agreement's call; the large one too over shared memory (one message the ring takes
+    # in pieces), over TCP (whose receive of a scattered message would copy it once
+    # more) its bucket through the transport once the rows are in
     assert run_ranks(2, _steady, _state, 4, {}, env=env) == [["ahead", "ahead"]] * 2
-    assert run_ranks(2, _steady, _large, 4, {}, env=env) == [["ring", "ring"]] * 2
+    assert run_ranks(2, _steady, _large, 4, {}, env=env) == [[large, large]] * 2
 
 
 def _wide(rank, world, mib):
@@ -216,7 +239,8 @@ def test_the_root_may_change_from_call_to_call(world):
 def _receiver_replaces_a_tensor(rank, world):
     """A receiver swaps a tensor for a new one and frees the old: the root must not
     write where it used to be (it reads the receiver's new layout once it is known).
-    1 MiB and more, so that it goes by address at two ranks."""
+    1 MiB and more, so that it goes by address at two ranks (AHEAD_PAIR off)."""
+    _no_pair()
     state = _bulky(_state)()
     with _paths() as took:
         for step in range(8):
@@ -243,6 +267,7 @@ def _torch_dict(rank, world):
     import torch
 
     import accord
+    _no_pair()
     g = torch.Generator().manual_seed(3)
     sd = {"w": torch.zeros(300, 7), "b": torch.zeros(7, dtype=torch.bfloat16),
           "big": torch.zeros(300_000), "n": torch.zeros(3, dtype=torch.int64),
@@ -293,6 +318,7 @@ def _sync_where_one_dies(state_dict, rank, victim, fn_name):
 def _dies_mid_copy(rank, world, victim):
     """The victim dies inside the copy by address (after the agreement, before it has
     copied or said done): the others must get PeerLost naming it, not wait."""
+    _no_pair()
     big = {f"w{i}": np.full(1 << 18, -1, np.float32) for i in range(6)}    # 6 MiB
     for step in range(3):
         _sync(big, rank, step)

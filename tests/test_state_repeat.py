@@ -98,7 +98,7 @@ def _mismatch_after_repeat(rank, world):
     state = _state(rank, n=6)
     accord.broadcast_state(state, src=0)
     accord.broadcast_state(state, src=0)          # remembered on every rank
-    accord.broadcast_state(state, src=0)          # ... and used (by address over shm)
+    accord.broadcast_state(state, src=0)          # ... and used
     if rank == 1:
         state["p2"] = np.zeros(state["p2"].size + 1, np.float32)
     try:
@@ -162,7 +162,7 @@ def _torch_repeat(rank, world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_torch_state_dict_synced_again_and_again(world):
-    # world 2: by address; world 3: the root's pieces behind its row (under 1 MiB)
+    # the root's pieces behind its row: world 2 through the ring, world 3 its slot
     pytest.importorskip("torch")
     res = run_ranks(world, _torch_repeat)
     for step in range(4):
@@ -381,13 +381,14 @@ def _ahead_then_mismatch(rank, world, change, n):
 
 
 @pytest.mark.parametrize("world,n,env", [
-    (2, 10, {"ACCORD_TRANSPORT": "tcp"}),       # shared memory copies by address at 2
+    (2, 10, {"ACCORD_TRANSPORT": "tcp"}),
+    (2, 20, {}),                                # 5.2 MiB, one message the ring streams
     (3, 10, {}),                                # through the root's shared slot
     (3, 10, {"ACCORD_SHM_ARENA": "1M"}),        # ... on the rings (no slots in the arena)
     (4, 10, {}),
     (3, 17, {"ACCORD_SHM_CMA": "64K"}),         # the large pieces read out of the root
     (3, 20, {}),                                # 5.2 MiB: six chunks of the root's slot
-], ids=["2-tcp", "3", "3-no-slots", "4", "3-single-copy", "3-chunks"])
+], ids=["2-tcp", "2-large", "3", "3-no-slots", "4", "3-single-copy", "3-chunks"])
 @pytest.mark.parametrize("change", ["shape", "bucket_bytes"])
 def test_a_root_that_sent_its_pieces_with_its_row_writes_nothing_on_a_mismatch(world, n, env,
                                                                                change):

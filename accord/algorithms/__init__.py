@@ -24,7 +24,7 @@ def _view(x):
 
 class Comm:
     """rank, size, peer_memory and slots (transport/base.py's PeerMemory and
-    SharedSlots, or None), fans_out, choices
+    SharedSlots, or None), fans_out, scatters, choices
     (the algorithm table's memo for these links), and the moves: exchange, send,
     recv."""
     __slots__ = ("rank", "size", "choices", "_t", "_stamp", "_deadline")
@@ -45,6 +45,11 @@ class Comm:
         """Whether one step moving a small message to and from every peer costs about
         what a pairwise step does (transport/base.py)."""
         return self._t.fans_out
+
+    @property
+    def scatters(self):
+        """Whether the transport fills a ByteStream receive in place (transport/base.py)."""
+        return self._t.scatters
 
     @property
     def slots(self):

@@ -102,6 +102,9 @@ class Transport(Protocol):
     # pairwise step does (shared memory: every ring is written and watched at once;
     # sockets: each peer's message costs its own system calls and wake-ups)
     fans_out: bool
+    # whether a ByteStream receive is filled in place, slice by slice as the bytes come
+    # (shm), rather than through a contiguous stand-in copied out at the end (sockets)
+    scatters: bool
     p2p: Optional["Transport"]          # shm: the point-to-point plane of the same arena
     links: dict                         # peer -> the medium's link to it
     choices: dict                       # the algorithm table's memo for these links

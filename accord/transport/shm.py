@@ -292,9 +292,14 @@ class _Link(StashMatching):
                 k = min(len(part) - s.off, budget - wrote)
                 pos = (head + wrote) % cap
                 first = min(k, cap - pos)
-                ring[pos:pos + first] = part[s.off:s.off + first]
-                if first < k:
-                    ring[0:k - first] = part[s.off + first:s.off + k]
+                if part.__class__ is ByteStream:        # gathered as it goes in
+                    part.gather(ring[pos:pos + first], s.off, s.off + first)
+                    if first < k:
+                        part.gather(ring[0:k - first], s.off + first, s.off + k)
+                else:
+                    ring[pos:pos + first] = part[s.off:s.off + first]
+                    if first < k:
+                        ring[0:k - first] = part[s.off + first:s.off + k]
                 s.off += k
                 wrote += k
                 if s.off == len(part):
@@ -626,6 +631,7 @@ class ShmTransport(Reports):
     medium = "shared memory"
     hosts = None                # one host, by construction
     fans_out = True             # (transport/base.py)
+    scatters = True
     # the engine's sleep wakes for a link no receive waits on only at half its ring
     # (arm()): see transport/p2p.py's Engine._unwatched
     wakes_on_any_byte = False
@@ -751,8 +757,7 @@ class ShmTransport(Reports):
         else:
             if not link.sends and n <= _INLINE and link.write_inline(header, buf, n):
                 return _SENT
-            s = _Send(peer, [header] + buf.views if buf.__class__ is ByteStream else
-                      [header, buf] if n else [header])
+            s = _Send(peer, [header, buf] if n else [header])
         link.sends.append(s)
         return s
 

@@ -250,6 +250,7 @@ class TcpTransport(Reports):
     p2p = None                  # a TCP group's point-to-point plane is a second mesh
     peer_memory = None          # no single copy between hosts
     slots = None                # no memory shared between hosts
+    scatters = False            # a ByteStream receive goes through a stand-in (byte_stream.staged)
     fans_out = False            # a step with every peer: a world-3 all_reduce of 8 B-4 KiB
                                 # in one took 1.01-1.33x recursive doubling's time
     spin_s = 0.0                # a p2p caller never spins on sockets (transport/p2p.py)
