@@ -36,19 +36,20 @@ the bytes by address, with the same buckets, pieces and stamps, so ranks may tak
 either path in one call. Step 2 runs on every call. Where every rank has such an
 entry and every pair may copy between memories (shared memory with
 cross-memory attach), each rank's word in the step-2 agreement also carries
-where its tensors are, and a bucket is copied tensor to tensor with no packing:
-at world 2 the receiver reads the front half of the bucket's bytes out of the
-root's tensors while the root writes the back half into the receiver's (a few
-system calls for the whole bucket, `copy_segments` in algorithms/single_copy.py);
-beyond two ranks, where the arena has no shared slots, each receiver reads a bucket
-of 1 MiB or more itself, and a smaller one still goes through the rings. Every rank
-holding an entry, the buckets move in the agreement's own call.
+where its tensors are, and a bucket is copied tensor to tensor with no packing
+(where the root does not send ahead, below): at world 2 the receiver reads the front
+half of the bucket's bytes out of the root's tensors while the root writes the back
+half into the receiver's (a few system calls for the whole bucket, `copy_segments` in
+algorithms/single_copy.py); beyond two ranks, where the arena has no shared slots,
+each receiver reads a bucket of 1 MiB or more itself, and a smaller one still goes
+through the rings. Every rank holding an entry, the buckets move in the agreement's
+own call.
 
-A root holding an entry does not wait for the agreement before it sends, beyond two
-ranks over shared memory (where the arena holds shared slots) at any size, elsewhere
-for a small state (under 1 MiB, every bucket going through the transport, at two
-ranks too, where a larger state goes by address): its pieces follow its row in the
-same step (through the transport, as one message gathered from its tensors), and each
+A root holding an entry does not wait for the agreement before it sends over shared
+memory at any size (beyond two ranks through its shared slot where the arena holds
+them; at two ranks through the ring), elsewhere for a small state (under 1 MiB, every
+bucket going through the transport): its pieces follow its row in the same step
+(through the transport, as one message gathered from its tensors), and each
 receiver takes them once it holds every row, into its tensors where the structures
 agree, into scratch where they do not (so nothing is written and the links stay clean). A sync
 then costs the agreement's one round, not a second one in which the receivers wait
