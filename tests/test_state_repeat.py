@@ -139,6 +139,15 @@ def test_an_array_made_read_only_after_a_sync_is_refused_not_written():
     assert all(m is not None and "rank 1: ['p1']: array is read-only" in m for m in msgs), msgs
 
 
+def _every_rank_as_the_root(res):
+    """res[rank][step]: {key: array} after each step's sync; every rank's equal rank 0's."""
+    for step, want in enumerate(res[0]):
+        for k in want:
+            for r in range(1, len(res)):
+                np.testing.assert_array_equal(res[r][step][k], want[k],
+                                              err_msg=f"{k} at step {step} on rank {r}")
+
+
 def _torch_repeat(rank, world):
     import torch
 
@@ -165,11 +174,7 @@ def test_torch_state_dict_synced_again_and_again(world):
     # the root's pieces behind its row: world 2 through the ring, world 3 its slot
     pytest.importorskip("torch")
     res = run_ranks(world, _torch_repeat)
-    for step in range(4):
-        for k in res[0][step]:
-            for r in range(1, world):
-                np.testing.assert_array_equal(res[r][step][k], res[0][step][k],
-                                              err_msg=f"{k} at step {step} on rank {r}")
+    _every_rank_as_the_root(res)
     assert res[0][0]["w"].any() and res[0][3]["big"].any()
 
 
@@ -212,11 +217,7 @@ def _torch_metadata_changes(rank, world):
 def test_torch_tensors_changed_in_place_are_seen_and_a_view_of_the_same_memory_is_not(world):
     pytest.importorskip("torch")
     res = run_ranks(world, _torch_metadata_changes)
-    for step in range(9):
-        for k in res[0][step][1]:
-            for r in range(1, world):
-                np.testing.assert_array_equal(res[r][step][1][k], res[0][step][1][k],
-                                              err_msg=f"{k} at step {step} on rank {r}")
+    _every_rank_as_the_root([[arrays for _, arrays in steps] for steps in res])
     held = [[res[r][step][0] for step in range(9)] for r in range(world)]
     # remembered from the second call (and again at the end of a call that found the
     # same dict and first tensor); the root's new view of the same memory keeps its
