@@ -473,6 +473,19 @@ def _layout_sum(layout):
     return s
 
 
+_SCRATCH_MAX = 1 << 20
+
+
+def _scratch(nbytes):
+    """Somewhere to read and drop a message of nbytes: one buffer of at most
+    _SCRATCH_MAX, as often as it takes (a ByteStream of the same view, each piece
+    overwriting the last), so a rank whose structure differs from the root's does not
+    allocate the root's whole state (two ranks send a state of any size ahead)."""
+    piece = memoryview(bytearray(min(nbytes, _SCRATCH_MAX)))
+    whole, rest = divmod(nbytes, len(piece)) if nbytes else (0, 0)
+    return ByteStream([piece] * whole + ([piece[:rest]] if rest else []))
+
+
 def _take_ahead(c, root, table, into, entry):
     """A receiver's side: the root's pieces, which follow its row as one message (their
     sizes in the row as a checksum). into: as _agree's, or None where the structures
@@ -501,7 +514,7 @@ def _take_ahead(c, root, table, into, entry):
             if finish is not None:
                 finish()
             return True
-    c.exchange(recvs=((root, memoryview(bytearray(total))),))
+    c.exchange(recvs=((root, _scratch(total)),))
     if into is not None:
         # equal digests and bucket sizes cut equal pieces; anything else is a bug
         raise Desync(f"broadcast_state: src rank's pieces ({n}, {total} bytes) do not match "
