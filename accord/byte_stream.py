@@ -43,12 +43,12 @@ class ByteStream:
             ends.append(n)
         self.ends = ends
 
-    @property
-    def nbytes(self) -> int:
-        return self.ends[-1] if self.ends else 0
-
     def __len__(self) -> int:
         return self.ends[-1] if self.ends else 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self)
 
     def __setitem__(self, key: slice, data) -> None:
         """stream[lo:hi] = data: scatter(data, lo, hi), so that code filling a buffer

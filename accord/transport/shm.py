@@ -403,10 +403,7 @@ class _Link(StashMatching):
                 (not stamp.matches(h) if stamp is not None else h[5] != tag):
             return False
         if n:
-            if dest.__class__ is ByteStream:
-                dest.scatter(self.i_ring[start:start + n], 0, n)
-            else:
-                dest[:] = self.i_ring[start:start + n]
+            dest[:] = self.i_ring[start:start + n]      # a ByteStream scatters it
         self.i_tail = tail = tail + HEADER_SIZE + n
         q[self.i_tail_i] = tail
         self.poke_space()
