@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import accord as dist
+from accord.transport import slot_copy
 from harness import run_ranks, timed
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,8 +33,10 @@ def _data(n, dtype, *seed):
     return (rng.random(n) * 1000).astype(dtype)
 
 
-def _collectives(rank, world, sizes):
+def _collectives(rank, world, sizes, write=None):
     from harness import spy_algorithms
+    from accord.transport import slot_copy
+    slot_copy.FORCE = write         # None: the timed choice, as by default
     with spy_algorithms("broadcast") as b_ran, spy_algorithms("all_gather") as g_ran:
         for n in sizes:
             for dtype in ("uint8", "float32", "float64", "complex64"):
@@ -53,18 +56,25 @@ def _collectives(rank, world, sizes):
     return _room(), set(b_ran), set(g_ran)
 
 
-@pytest.mark.parametrize("world", [3, 4, 5])
-def test_broadcast_and_all_gather_through_the_slots_match_numpy(world):
-    # sizes 0 and 1, one piece, and several pieces wrapping around each slot
+@pytest.mark.parametrize("world, write", [(3, None), (4, None), (5, None),
+                                          (4, "memcpy"), (4, "stream")])
+def test_broadcast_and_all_gather_through_the_slots_match_numpy(world, write):
+    # sizes 0 and 1, one piece, and several pieces wrapping around each slot; pieces
+    # from slot_copy.MIN_BYTES are written by memcpy or streaming stores as timed, or
+    # by the one method pinned
     sizes = [0, 1, 40_000, 150_001]
-    for room, b_ran, g_ran in run_ranks(world, _collectives, sizes, env=SMALL):
+    for room, b_ran, g_ran in run_ranks(world, _collectives, sizes, write, env=SMALL):
         assert b_ran == {"slotted"} and g_ran == {"slotted"}, (b_ran, g_ran)
         assert 2 * room < 150_001 * 8     # float64: more pieces than a slot holds
+        if world < 5:                     # (100 KiB pieces at world 5)
+            assert room >= slot_copy.MIN_BYTES   # whole pieces go through the copier
 
 
-def _all_reduce(rank, world):
+def _all_reduce(rank, world, write=None):
     import hashlib
     from harness import spy_algorithms
+    from accord.transport import slot_copy
+    slot_copy.FORCE = write
     digests = []
     with spy_algorithms("all_reduce") as ran:
         for n in (0, 1, 1001, 150_001):
@@ -91,9 +101,10 @@ def _all_reduce(rank, world):
     return set(ran), digests
 
 
-def test_all_reduce_through_the_slots_is_correct_and_the_same_on_every_rank():
-    out = run_ranks(4, _all_reduce, env={**SMALL, "ACCORD_ALGORITHMS": "all_reduce=slotted"},
-                    timeout=120)
+@pytest.mark.parametrize("write", [None, "stream"])
+def test_all_reduce_through_the_slots_is_correct_and_the_same_on_every_rank(write):
+    out = run_ranks(4, _all_reduce, write,
+                    env={**SMALL, "ACCORD_ALGORITHMS": "all_reduce=slotted"}, timeout=120)
     for ran, digests in out:
         assert ran == {"slotted"}, ran
         assert digests == out[0][1]      # every rank ends with the same bits

@@ -109,7 +109,7 @@ def all_gather(c, blocks, mine=None, meanwhile=None):
         lo, hi = k * room, (k + 1) * room
         part = src[lo:hi]
         at, mem = c.claim(peers, len(part))
-        mem[:] = part
+        s.fill(mem, part)
         c.exchange(sends=[(p, _announce(at, len(part))) for p in peers],
                    recvs=[(p, theirs[p]) for p in peers],
                    meanwhile=meanwhile if k == 0 else None)
@@ -133,7 +133,7 @@ def broadcast(c, arr, root):
         for k in range(rounds):
             part = buf[k * room:(k + 1) * room]
             at, mem = c.claim(peers, len(part))
-            mem[:] = part
+            s.fill(mem, part)
             c.exchange(sends=[(p, _announce(at, len(part))) for p in peers])
         return
     got = np.empty(2, np.int64)
@@ -249,7 +249,7 @@ def _swap_reduce(c, partner, given, kept, op, bf16, got, base=None):
     for i in range(0, max(given.size, kept.size, 1), per):
         gp, kp = given[i:i + per], kept[i:i + per]
         pos, mem = c.claim((partner,), gp.nbytes)
-        mem[:] = as_bytes(gp)
+        s.fill(mem, as_bytes(gp))
         c.swap(partner, _announce(pos, gp.nbytes), got)
         at = _check(s, partner, got, kp.nbytes)
         if kp.size:

@@ -77,6 +77,9 @@ class SharedSlots(Protocol):
         readers of what its bytes held before have copied that out: (its position,
         its memory). Waiting raises what a blocked call raises (abort reason,
         PeerLost, CommTimeout, a Desync for a peer seen calling something else)."""
+    def fill(self, mem: memoryview, src) -> None:
+        """Write src (as many bytes) into mem, a piece claim() gave, the way that is
+        fastest for memory peers read (shm: memcpy or streaming stores, timed)."""
     def piece(self, peer: int, start: int, nbytes: int) -> memoryview:
         """peer's piece at position `start`; Desync for an impossible one."""
     def release(self, peer: int, start: int, nbytes: int) -> None:

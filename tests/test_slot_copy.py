@@ -1,0 +1,160 @@
+"""The slot writer's choice between memcpy and streaming stores (transport/slot_copy.py).
+
+A fake clock stands in for the copies' cost: a piece whose memcpy costs `memcpy`
+seconds a byte and whose streaming copy costs `stream` (and a memcpy into bytes
+that streaming stores wrote last, two pieces before, `cold`), so each test says which method a writer should
+settle on and checks that it does, and how often it tries the other one.
+"""
+import numpy as np
+import pytest
+
+from accord.transport import slot_copy
+from accord.transport.slot_copy import EXPLORE, MIN_BYTES, RUN, SlotCopier
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Costs:
+    """The fake clock and both copies: every copy advances the clock by its cost."""
+
+    def __init__(self, memcpy, stream, cold=None):
+        self.memcpy, self.stream, self.cold = memcpy, stream, cold
+        self.now = 0.0
+        self.used = []                  # True for each streaming copy, False for memcpy
+
+    def clock(self):
+        return self.now
+
+    def stream_copy(self, dst, src):
+        dst.data[:] = src
+        self.now += self.stream * len(src)
+        self.used.append(True)
+
+    def plain(self, n):
+        # a slot's bytes come round every other piece: the copy two before wrote these
+        after_stream = len(self.used) >= 2 and self.used[-2]
+        cost = self.cold if after_stream and self.cold is not None else self.memcpy
+        self.now += cost * n
+        self.used.append(False)
+
+
+class Piece:
+    """A slot piece: `piece[:] = src` is the memcpy, charged to the fake clock."""
+
+    def __init__(self, costs, n):
+        self.costs, self.data = costs, np.zeros(n, np.uint8)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __setitem__(self, key, src):
+        self.data[key] = src
+        self.costs.plain(len(self.data))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def make(memcpy, stream, cold=None):
+        costs = Costs(memcpy, stream, cold)
+        monkeypatch.setattr(slot_copy, "stream_copy", costs.stream_copy)
+        return costs, SlotCopier(streams=True, clock=costs.clock)
+    return make
+
+
+def _copies(costs, copier, k, n=MIN_BYTES):
+    src = np.arange(n, dtype=np.uint64).astype(np.uint8)
+    for _ in range(k):
+        piece = Piece(costs, n)
+        copier.copy(piece, src)
+        assert np.array_equal(piece.data, src)      # whichever method, the bytes arrive
+
+
+def test_memcpy_stays_where_it_is_faster_and_streaming_is_tried_in_short_runs(fake):
+    costs, copier = fake(memcpy=1e-11, stream=2e-11)
+    _copies(costs, copier, 10 * EXPLORE)
+    assert copier.streaming is False
+    streamed = sum(costs.used)
+    # one run from the third copy, then one every EXPLORE copies outside the runs: 10
+    # runs in 10 * EXPLORE copies (the runs' own copies do not count towards EXPLORE)
+    assert streamed == 10 * RUN, streamed
+    assert costs.used[2:2 + RUN] == [True] * RUN
+
+
+def test_a_writer_turns_to_streaming_where_it_is_faster_and_back_when_that_changes(fake):
+    costs, copier = fake(memcpy=5e-11, stream=1e-11)
+    _copies(costs, copier, 10)
+    assert copier.streaming is True
+    _copies(costs, copier, 3 * EXPLORE)
+    assert sum(costs.used[-EXPLORE:]) >= EXPLORE - RUN       # streaming, but for a run
+    costs.memcpy = 0.5e-11                                   # the machine changed
+    _copies(costs, copier, EXPLORE + RUN + 1)
+    assert copier.streaming is False
+
+
+def test_the_first_memcpys_after_streaming_do_not_count(fake):
+    # memcpy in a row is faster, but the first two after streaming (into bytes no longer
+    # in any cache) are slower than streaming: only copies whose two before used the
+    # same method are timed, so the writer stays with memcpy
+    costs, copier = fake(memcpy=1e-11, stream=2e-11, cold=9e-11)
+    _copies(costs, copier, 5 * EXPLORE)
+    assert copier.streaming is False
+    assert sum(costs.used[-EXPLORE // 2:]) == 0
+
+
+def test_one_slow_copy_does_not_change_the_choice(fake):
+    costs, copier = fake(memcpy=1e-11, stream=2e-11)
+    _copies(costs, copier, EXPLORE // 2)
+    costs.memcpy = 50e-11               # one memcpy interrupted by the scheduler
+    _copies(costs, copier, 1)
+    costs.memcpy = 1e-11
+    assert copier.streaming is False
+    _copies(costs, copier, 8)
+    assert costs.used[-8:] == [False] * 8
+
+
+def test_small_pieces_are_always_copied_by_memcpy(fake):
+    costs, copier = fake(memcpy=9e-11, stream=1e-11)
+    _copies(costs, copier, 3 * EXPLORE, n=MIN_BYTES - 1)
+    assert costs.used == [False] * (3 * EXPLORE)
+
+
+def test_a_pinned_method_is_used_for_every_piece(fake, monkeypatch):
+    costs, copier = fake(memcpy=1e-11, stream=5e-11)
+    monkeypatch.setattr(slot_copy, "FORCE", "stream")
+    _copies(costs, copier, 20)
+    assert costs.used == [True] * 20
+    monkeypatch.setattr(slot_copy, "FORCE", "memcpy")
+    costs.used.clear()
+    costs.memcpy, costs.stream = 5e-11, 1e-11
+    _copies(costs, copier, 20)
+    assert costs.used == [False] * 20
+
+
+def test_without_streaming_every_piece_is_a_memcpy(fake):
+    costs, _ = fake(memcpy=9e-11, stream=1e-11)
+    copier = SlotCopier(streams=False, clock=costs.clock)
+    _copies(costs, copier, 2 * EXPLORE)
+    assert costs.used == [False] * (2 * EXPLORE)
+
+
+def test_the_copy_helper_switch_turns_streaming_off(monkeypatch):
+    monkeypatch.setenv("ACCORD_COPY_HELPER", "0")
+    assert slot_copy.available() is False
+    assert SlotCopier().streams is False
+
+
+@pytest.mark.skipif(not slot_copy.available(), reason="the copy helper is not built here")
+def test_the_real_copies_write_the_bytes_both_ways():
+    src = np.random.default_rng(1).integers(0, 256, 3 * MIN_BYTES + 13, np.uint8)
+    mem = bytearray(len(src) + 7)
+    for method in ("memcpy", "stream", None):
+        for off in (0, 1, 7):           # streaming stores start at an unaligned byte too
+            dst = memoryview(mem)[off:off + len(src)]
+            dst[:] = bytes(len(src))
+            old = slot_copy.FORCE
+            slot_copy.FORCE = method
+            try:
+                SlotCopier().copy(dst, src)
+            finally:
+                slot_copy.FORCE = old
+            assert bytes(dst) == src.tobytes(), (method, off)
