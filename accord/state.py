@@ -445,9 +445,9 @@ def _send_ahead(c, e, p, blocks):
         at, mem = c.claim(peers, hi - lo)
         if lo == 0:
             mem[:k] = layout
-            stream.gather(mem[k:], 0, hi - k)
+            s.gather(mem[k:], stream, 0)
         else:
-            stream.gather(mem, lo - k, hi - k)
+            s.gather(mem, stream, lo - k)
         del mem
         where = struct.pack("<qq", at, hi - lo)
         c.exchange(sends=sends + [(q, where) for q in peers],

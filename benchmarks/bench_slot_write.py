@@ -4,8 +4,10 @@
         [--sizes 1M] [--blocks 30] [--calls 300] [--out FILE]
 
 Beyond two ranks over shared memory, a large broadcast's root (and every rank of
-a large all_gather, and each partner of all_reduce's halving steps) writes its
-piece once into its shared slot and the peers copy it out (transport/slots.py).
+a large all_gather, each partner of all_reduce's halving steps, and the root of a
+repeated broadcast_state: `--ops state`, ten arrays of SIZE bytes in all) writes
+its piece once into its shared slot and the peers copy it out
+(transport/slots.py).
 How fast that write goes moves by itself every few seconds on a virtual machine
 (transport/slot_copy.py), so the three ways of writing are compared in turns
 inside one run: block k uses memcpy, streaming stores, then the timed choice
@@ -44,13 +46,15 @@ def worker(args):
     from accord.transport import slot_copy
 
     copy_s = [0.0]
-    real = slot_copy.SlotCopier.copy
 
-    def timed_copy(self, dst, src):
-        t0 = time.perf_counter()
-        real(self, dst, src)
-        copy_s[0] += time.perf_counter() - t0
-    slot_copy.SlotCopier.copy = timed_copy
+    def clocked(real):
+        def method(self, *args):
+            t0 = time.perf_counter()
+            real(self, *args)
+            copy_s[0] += time.perf_counter() - t0
+        return method
+    slot_copy.SlotCopier.copy = clocked(slot_copy.SlotCopier.copy)
+    slot_copy.SlotCopier.gather = clocked(slot_copy.SlotCopier.gather)
 
     dist.init_process_group()
     r, w = dist.get_rank(), dist.get_world_size()
@@ -59,6 +63,11 @@ def worker(args):
         for size in (parse_size(s) for s in args.sizes.split(",")):
             x = np.ones(size // 4, np.float32)
             out = np.empty(size // 4 * w, np.float32)
+            # "state": 10 float32 arrays of geometric sizes, SIZE bytes in all, synced
+            # again and again (broadcast_state's root writes them into its slot)
+            cuts = np.geomspace(1, 1024, 10)
+            state = {f"t{i}": np.ones(max(1, int(size / 4 * c / cuts.sum())), np.float32)
+                     for i, c in enumerate(cuts)}
 
             def call():
                 if op == "broadcast":
@@ -67,6 +76,8 @@ def worker(args):
                     dist.all_gather_into_tensor(out, x)
                 elif op == "all_reduce":
                     dist.all_reduce(x)
+                elif op == "state":
+                    dist.broadcast_state(state)
                 else:
                     raise SystemExit(f"unknown op {op}")
             blocks = {m: [] for m in METHODS}

@@ -27,7 +27,8 @@ def _views(sizes, fill=None):
 @pytest.mark.parametrize("sizes", [[5, 0, 17, 1, 0, 64, 3], [100], [0, 0, 9], []],
                          ids=["cut-and-empty", "one", "leading-empty", "none"])
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
-def test_chunks_of_any_size_gather_and_scatter_the_whole_stream(sizes, chunk):
+@pytest.mark.parametrize("streaming", [False, True], ids=["memcpy", "streaming"])
+def test_chunks_of_any_size_gather_and_scatter_the_whole_stream(sizes, chunk, streaming):
     rng = np.random.default_rng(len(sizes) * 1000 + chunk)
     src_bufs, src = _views(sizes, lambda i, n: rng.integers(0, 256, n, dtype=np.uint8).tobytes())
     dst_bufs, dst = _views(sizes)
@@ -38,11 +39,27 @@ def test_chunks_of_any_size_gather_and_scatter_the_whole_stream(sizes, chunk):
     for lo in range(0, total, chunk):
         hi = min(total, lo + chunk)
         piece = memoryview(bytearray(hi - lo))
-        gathered.gather(piece, lo, hi)
+        gathered.gather(piece, lo, hi, streaming=streaming)
         whole += piece
         scattered.scatter(piece, lo, hi)
     assert bytes(whole) == b"".join(src_bufs)
     assert dst_bufs == src_bufs
+
+
+def test_a_streaming_gather_lands_at_any_alignment():
+    # streaming stores start at a 16-byte boundary: the bytes before it, the 64-byte
+    # blocks and the tail each come from the right views
+    rng = np.random.default_rng(5)
+    src_bufs, src = _views([3, 200, 1, 77, 500],
+                           lambda i, n: rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    s = ByteStream(src)
+    want = b"".join(src_bufs)
+    for off in range(17):
+        for lo in (0, 2, 150):
+            mem = bytearray(len(want) + 32)
+            s.gather(memoryview(mem)[off:off + len(want) - lo], lo, len(want), streaming=True)
+            assert mem[off:off + len(want) - lo] == want[lo:], (off, lo)
+            assert mem[:off] == bytes(off) and not any(mem[off + len(want) - lo:])
 
 
 def test_a_range_inside_one_view_and_across_three():

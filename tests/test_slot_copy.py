@@ -54,6 +54,10 @@ class Piece:
 
 @pytest.fixture
 def fake(monkeypatch):
+    """make(costs) -> (Costs, a SlotCopier on its clock); every copy of the method in use
+    timed (SAMPLE 1), so that each test sees every time it feeds."""
+    monkeypatch.setattr(slot_copy, "SAMPLE", 1)
+
     def make(memcpy, stream, cold=None):
         costs = Costs(memcpy, stream, cold)
         monkeypatch.setattr(slot_copy, "stream_copy", costs.stream_copy)
@@ -74,10 +78,11 @@ def test_memcpy_stays_where_it_is_faster_and_streaming_is_tried_in_short_runs(fa
     _copies(costs, copier, 10 * EXPLORE)
     assert copier.streaming is False
     streamed = sum(costs.used)
-    # one run from the third copy, then one every EXPLORE copies outside the runs: 10
-    # runs in 10 * EXPLORE copies (the runs' own copies do not count towards EXPLORE)
+    # one run once memcpy has a time (from its third copy, the first two before it
+    # being memcpy too), then one every EXPLORE copies outside the runs: 10 runs in
+    # 10 * EXPLORE copies (the runs' own copies do not count towards EXPLORE)
+    assert costs.used[:3 + RUN] == [False] * 3 + [True] * RUN
     assert streamed == 10 * RUN, streamed
-    assert costs.used[2:2 + RUN] == [True] * RUN
 
 
 def test_a_writer_turns_to_streaming_where_it_is_faster_and_back_when_that_changes(fake):
@@ -110,6 +115,46 @@ def test_one_slow_copy_does_not_change_the_choice(fake):
     assert copier.streaming is False
     _copies(costs, copier, 8)
     assert costs.used[-8:] == [False] * 8
+
+
+def test_the_method_in_use_is_timed_every_sample_th_copy(fake, monkeypatch):
+    monkeypatch.setattr(slot_copy, "SAMPLE", 4)
+    costs, copier = fake(memcpy=1e-11, stream=2e-11)
+    _copies(costs, copier, 20)                  # memcpy timed, streaming tried, memcpy
+    reads = []
+    copier._clock = lambda: reads.append(1) or costs.now
+    _copies(costs, copier, EXPLORE - 30)        # short of the next exploring run
+    assert len(reads) == 2 * ((EXPLORE - 30) // 4)      # two clock reads a timed copy
+    assert copier.streaming is False
+
+
+class Views:
+    """A ByteStream stand-in whose gather is charged to the fake clock like a copy."""
+
+    def __init__(self, costs, data):
+        self.costs, self.data = costs, data
+
+    def gather(self, mem, lo, hi, streaming=False):
+        mem.data[:] = self.data[lo:hi]
+        if streaming:
+            self.costs.now += self.costs.stream * (hi - lo)
+            self.costs.used.append(True)
+        else:
+            self.costs.plain(hi - lo)
+
+
+def test_a_piece_gathered_from_many_tensors_is_chosen_for_alike(fake):
+    # broadcast_state's root writes its tensors into its slot as one stream
+    costs, copier = fake(memcpy=5e-11, stream=1e-11)
+    data = np.arange(3 * MIN_BYTES, dtype=np.uint64).astype(np.uint8)
+    views = Views(costs, data)
+    for k in range(EXPLORE):
+        piece = Piece(costs, MIN_BYTES)
+        lo = (k % 3) * MIN_BYTES
+        copier.gather(piece, views, lo)
+        assert np.array_equal(piece.data, data[lo:lo + MIN_BYTES])
+    assert copier.streaming is True
+    assert sum(costs.used[-EXPLORE // 2:]) == EXPLORE // 2
 
 
 def test_small_pieces_are_always_copied_by_memcpy(fake):

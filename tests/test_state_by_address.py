@@ -160,8 +160,11 @@ def test_without_single_copy_a_small_state_follows_the_roots_row(env, large):
     assert run_ranks(2, _steady, _large, 4, {}, env=env) == [[large, large]] * 2
 
 
-def _wide(rank, world, mib):
-    # a float32 bucket of `mib` MiB and a small int64 one
+def _wide(rank, world, mib, write=None):
+    # a float32 bucket of `mib` MiB and a small int64 one; write: the slot's writer's
+    # method pinned (transport/slot_copy.py), else timed
+    from accord.transport import slot_copy
+    slot_copy.FORCE = write
     state = {"w": np.full(mib << 18, -1, np.float32), "b": np.full(300, -1, np.int64),
              "v": np.full(77, -1, np.float32)}
     with _paths() as took:
@@ -170,11 +173,11 @@ def _wide(rank, world, mib):
     return took
 
 
-@pytest.mark.parametrize("world", [3, 4])
-def test_beyond_two_ranks_every_bucket_goes_through_the_roots_slot(world):
+@pytest.mark.parametrize("world, write", [(3, None), (4, None), (3, "memcpy"), (3, "stream")])
+def test_beyond_two_ranks_every_bucket_goes_through_the_roots_slot(world, write):
     # 8 MiB and a little: written into the root's shared slot in eight chunks and a
     # tail, behind its row, and copied out by every receiver (a bucket of each dtype)
-    took = run_ranks(world, _wide, 8)
+    took = run_ranks(world, _wide, 8, write)
     assert took == [["ahead", "ahead"]] * world, took
 
 

@@ -80,6 +80,8 @@ class SharedSlots(Protocol):
     def fill(self, mem: memoryview, src) -> None:
         """Write src (as many bytes) into mem, a piece claim() gave, the way that is
         fastest for memory peers read (shm: memcpy or streaming stores, timed)."""
+    def gather(self, mem: memoryview, stream, lo: int) -> None:
+        """fill() from a ByteStream's bytes lo..lo + len(mem)."""
     def piece(self, peer: int, start: int, nbytes: int) -> memoryview:
         """peer's piece at position `start`; Desync for an impossible one."""
     def release(self, peer: int, start: int, nbytes: int) -> None:

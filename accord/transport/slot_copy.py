@@ -16,8 +16,10 @@ development VM, a broadcast of 1 MiB at world 4 through the root's slot
 
 Neither is right all the time, and nothing short of trying tells them apart, so
 the writer times its copies (the copy alone: a few tens of nanoseconds of clock
-reads against tens of microseconds) and uses whichever wrote a byte faster in its
-last few tries, trying the other one every EXPLORE-th copy to notice a change.
+reads against tens of microseconds) and streams where that wrote a byte clearly
+faster in its last few tries (in under FAVOUR of memcpy's time: what memcpy
+leaves in the caches helps the readers, which the writer's clock does not see),
+trying the other method every EXPLORE-th copy to notice a change.
 
 Pieces under MIN_BYTES are copied by memcpy: their times are too short to tell
 the two apart, and streaming them only pushes them out of the cache. Streaming
@@ -34,9 +36,14 @@ except ImportError:         # not built here, or built before it said whether it
     stream_copy, _HELPER_STREAMS = None, 0
 
 MIN_BYTES = 128 << 10       # smaller pieces are always memcpy'd
-EXPLORE = 128               # every EXPLORE-th timed copy starts a run of the other method
-RUN = 4                     # ... of this many copies
+EXPLORE = 128               # every EXPLORE-th copy starts a run of the other method
+RUN = 4                     # ... of this many copies, all timed
+SAMPLE = 4                  # otherwise every SAMPLE-th copy is timed (timing one costs
+                            # about 1 µs of Python, a 256 KiB memcpy in cache 2-5 µs)
 KEEP = 3                    # the latest times kept per method (the median decides)
+FAVOUR = 0.75               # streaming is chosen where it takes under this share of
+                            # memcpy's time a byte: memcpy keeps what it leaves in the
+                            # caches for the readers, which the writer's clock misses
 FORCE = None                # "memcpy" or "stream": benchmarks and tests pin a method
 
 
@@ -47,15 +54,25 @@ def available():
         os.environ.get("ACCORD_COPY_HELPER", "1").strip() != "0"
 
 
+def _median(xs):
+    """The median of one to three numbers (KEEP), without sorting a list."""
+    if len(xs) == 3:
+        a, b, c = xs
+        return max(min(a, b), min(max(a, b), c))
+    return xs[0] if len(xs) == 1 else (xs[0] + xs[1]) / 2
+
+
 class SlotCopier:
     """One writer's choice between memcpy and streaming stores (see the module's text).
 
     A time counts only where the two copies before it used the same method: a slot's
-    bytes come round again every other piece, and what the last write through them
-    left in the caches (streaming leaves nothing) changes the next one's cost, so
-    the first memcpy after streaming is slower than memcpy in a row. The method not
-    in use is therefore tried in runs of RUN copies, every EXPLORE-th copy (at first
-    after two copies, to time both early).
+    bytes come round again every other piece (of the slot's room), and what the last
+    write through them left in the caches (streaming leaves nothing) changes the next
+    one's cost, so the first memcpy after streaming is slower than memcpy in a row.
+    The method not in use is therefore tried in runs of RUN copies, every
+    EXPLORE-th copy (and at once, the first time, when memcpy has its first time),
+    and every SAMPLE-th copy of the method in use is timed (every one until it has a
+    time).
 
     clock: seconds as a float (tests pass a fake one)."""
 
@@ -66,7 +83,7 @@ class SlotCopier:
         self.streams = available() if streams is None else streams
         self._times = {False: [], True: []}    # streaming? -> latest seconds per byte
         self._use = False                      # the method in use: memcpy at first
-        self._count = 0                        # copies timed, exploring runs aside
+        self._count = 0                        # copies outside exploring runs
         self._run = 0                          # copies left in an exploring run
         self._trying = False                   # the method that run uses
         self._last = (None, None)              # the methods of the two copies before
@@ -75,48 +92,69 @@ class SlotCopier:
     def copy(self, dst, src):
         """dst[:] = src, for a piece of a shared slot (dst: its memoryview; src: a
         bytes-like view of as many bytes)."""
-        n = len(dst)
-        force = FORCE
-        if not self.streams or n < MIN_BYTES or force == "memcpy":
-            dst[:] = src
-            return
-        if force == "stream":
-            stream_copy(dst, src)
-            return
-        if self._run:
-            self._run -= 1
-            stream = self._trying
-        else:
-            self._count += 1
-            if self._count % EXPLORE == 0 or self._count == 3 and not self._times[True]:
-                self._trying = stream = not self._use
-                self._run = RUN - 1
-            else:
-                stream = self._use
-        t0 = self._clock()
+        stream, timed = self._pick(len(dst))
+        t0 = self._clock() if timed else 0.0
         if stream:
             stream_copy(dst, src)
         else:
             dst[:] = src
-        took = (self._clock() - t0) / n
-        clean = self._last == (stream, stream)
-        self._last = (self._last[1], stream)
-        if clean:
-            times = self._times[stream]
-            times.append(took)
-            if len(times) > KEEP:
-                del times[0]
-            if not self._run:
-                self._use = self._faster()
+        if timed:
+            self._record(stream, (self._clock() - t0) / len(dst))
+
+    def gather(self, dst, stream_of_views, lo):
+        """stream_of_views.gather(dst, lo, lo + len(dst)): a piece of a shared slot
+        filled from a ByteStream (broadcast_state's tensors), the same choice."""
+        n = len(dst)
+        stream, timed = self._pick(n)
+        t0 = self._clock() if timed else 0.0
+        stream_of_views.gather(dst, lo, lo + n, streaming=stream)
+        if timed:
+            self._record(stream, (self._clock() - t0) / n)
+
+    def _pick(self, n):
+        """How the next copy of n bytes goes: (whether it streams, whether it is timed).
+        Pinned and small copies are not timed, nor a copy whose two before used another
+        method (its time would tell of them)."""
+        if n < MIN_BYTES or not self.streams:
+            return False, False
+        force = FORCE
+        if force is not None:
+            return force == "stream", False
+        if self._run:
+            self._run -= 1
+            stream, timed = self._trying, True
+        else:
+            k = self._count = self._count + 1
+            use, times = self._use, self._times
+            if k % EXPLORE == 0 or times[use] and not times[not use]:
+                # the other method in its turn, or at once where only this one was timed
+                self._trying = stream = not use
+                self._run = RUN - 1
+                timed = True
+            else:
+                stream, timed = use, k % SAMPLE == 0 or not times[use]
+        last = self._last
+        self._last = (last[1], stream)
+        return stream, timed and last == (stream, stream)
+
+    def _record(self, stream, took):
+        """A timed copy's seconds per byte; the method in use decided again outside
+        exploring runs."""
+        times = self._times[stream]
+        times.append(took)
+        if len(times) > KEEP:
+            del times[0]
+        if not self._run:
+            self._use = self._faster()
 
     def _faster(self):
-        """Whether streaming wrote a byte faster than memcpy in the latest tries (the
-        median of each method's, so one copy interrupted by the scheduler decides
-        nothing); the method in use while either has none."""
-        mine, other = self._times[False], self._times[True]
-        if not mine or not other:
+        """Whether streaming wrote a byte in under FAVOUR of memcpy's time in the latest
+        tries (the median of each method's, so one copy interrupted by the scheduler
+        decides nothing); the method in use while either has none."""
+        plain, stream = self._times[False], self._times[True]
+        if not plain or not stream:
             return self._use
-        return sorted(other)[len(other) // 2] < sorted(mine)[len(mine) // 2]
+        return _median(stream) < FAVOUR * _median(plain)
 
     @property
     def streaming(self):

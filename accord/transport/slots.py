@@ -99,6 +99,11 @@ class ShmSlots:
         whichever wrote a byte faster in this rank's latest tries (slot_copy.py)."""
         self._copier.copy(mem, src)
 
+    def gather(self, mem: memoryview, stream, lo: int) -> None:
+        """fill() from a ByteStream: its bytes lo..lo + len(mem) (broadcast_state's
+        tensors, gathered straight into the piece)."""
+        self._copier.gather(mem, stream, lo)
+
     def _forget_released(self):
         """Drop the oldest pieces every reader has copied out: tiny pieces (a rank's
         small block in an uneven all_gather) would otherwise pile up for a whole
