@@ -4,15 +4,20 @@ A slot's piece is written by one rank and read by the others, so when the writer
 comes back to the same bytes two pieces later, its peers' caches still hold
 them. How much that costs the writer moves with where the virtual machine's CPUs
 sit on the host, which changes by itself every few seconds. On the 2-vCPU
-development VM, a broadcast of 1 MiB at world 4 through the root's slot
-(`python benchmarks/bench_slot_write.py`, every method in turn in the same run):
+development VM, a broadcast of 1 MiB at world 4 through the root's slot, the three
+ways in turn in one run (`python benchmarks/bench_slot_write.py -n 4 --ops
+broadcast --sizes 1M`; benchmarks/results/slot-write-epyc-21.md):
 
-- most of the time the root's memcpy into the slot took 20-21 µs, and streaming
-  (non-temporal) stores, which leave nothing in the writer's cache for the readers
-  to find there, 25-28 µs: the broadcast took 1.15x as long streaming;
-- for stretches of a few seconds at a time, the memcpy took 96-128 µs (every line
-  it writes is held by a reader's cache elsewhere) while streaming stores still took
-  25 µs: the broadcast took 200-240 µs by memcpy, 110-130 streaming.
+- most of the time the root's memcpy into the slot took 20-24 µs, and streaming
+  (non-temporal) stores, which leave nothing in the writer's cache for the readers,
+  25-31 µs: a broadcast took 81-98 µs by memcpy and 95-138 streaming;
+- for seconds at a time the memcpy took 124-127 µs (every line it writes held by
+  a reader's cache elsewhere) while streaming stores still took 25 µs: 216-229 µs
+  a broadcast by memcpy, 102-107 streaming, 107-113 with the timed choice.
+
+Over the run's 30 blocks of each the medians were 88.6 µs (memcpy), 115.4
+(streaming) and 92.7 (timed); 20%, 7% and none of the blocks took over 1.5x the
+best median.
 
 Neither is right all the time, and nothing short of trying tells them apart, so
 the writer times its copies (the copy alone: a few tens of nanoseconds of clock
