@@ -78,7 +78,7 @@ class ByteStream:
     def gather(self, mem: memoryview, lo: int, hi: int, streaming: bool = False) -> None:
         """Copy stream bytes lo..hi into mem[0:hi - lo]; streaming: with streaming stores
         (the copy helper's; a shared slot's writer asks for them where it timed them
-        faster: transport/slot_copy.py; without the helper it never does)."""
+        faster: transport/shared_write.py; without the helper it never does)."""
         views = self.views
         if _views_copy is not None:
             if hi > lo:

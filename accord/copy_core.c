@@ -21,7 +21,7 @@
  * and an assignment: a state of 300 small tensors (5.5 MB) gathered in 1 MiB
  * chunks took 196 µs against 110 for a memcpy of the same bytes.
  * With streaming, a gather writes mem with streaming stores (a shared slot's
- * writer that timed them faster than memcpy: accord/transport/slot_copy.py), one
+ * writer that timed them faster than memcpy: accord/transport/shared_write.py), one
  * fence after the last.
  */
 #define PY_SSIZE_T_CLEAN

@@ -110,6 +110,31 @@ def test_put_gathers_a_byte_stream_and_take_scatters_into_one():
 
 
 @built
+@pytest.mark.parametrize("parts", [1, 3], ids=["one-buffer", "byte-stream"])
+def test_put_with_streaming_stores_writes_the_same_bytes(parts):
+    # the payload written with streaming stores (a large message where its ring's
+    # writer timed them faster: transport/shared_write.py) is byte for byte memcpy's,
+    # at any alignment of the payload in the ring and with a tail shorter than 64 bytes
+    from accord.byte_stream import ByteStream
+    rng = np.random.default_rng(parts)
+    for n in (1, 15, 64, 1000, 4001):
+        for start in (0, 8, 40):
+            plain, streamed = Loop(), Loop()
+            data = rng.integers(0, 256, n, dtype=np.uint8)
+            cuts = [data[:n // 3], data[n // 3:n // 2], data[n // 2:]]
+            payload = ByteStream([memoryview(c) for c in cuts]) if parts == 3 else data
+            s = _stamp(count=n, seq=start)
+            for loop in (plain, streamed):
+                loop.q[HEAD] = loop.q[TAIL] = start         # the message starts there
+            assert plain.link.put(start, s, 0, payload) == start + HEADER_SIZE + n
+            assert streamed.link.put(start, s, 0, payload, True) == start + HEADER_SIZE + n
+            assert bytes(streamed.ring) == bytes(plain.ring), (n, start)
+            out = np.zeros(n, np.uint8)
+            assert streamed.take(s, out) == start + HEADER_SIZE + n
+            assert np.array_equal(out, data)
+
+
+@built
 def test_take_refuses_a_byte_stream_with_a_read_only_view_and_consumes_nothing():
     from accord.byte_stream import ByteStream
     loop = Loop()

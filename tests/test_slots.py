@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import accord as dist
-from accord.transport import slot_copy
+from accord.transport import shared_write
 from harness import run_ranks, timed
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,8 +35,8 @@ def _data(n, dtype, *seed):
 
 def _collectives(rank, world, sizes, write=None):
     from harness import spy_algorithms
-    from accord.transport import slot_copy
-    slot_copy.FORCE = write         # None: the timed choice, as by default
+    from accord.transport import shared_write
+    shared_write.FORCE = write         # None: the timed choice, as by default
     with spy_algorithms("broadcast") as b_ran, spy_algorithms("all_gather") as g_ran:
         for n in sizes:
             for dtype in ("uint8", "float32", "float64", "complex64"):
@@ -60,21 +60,21 @@ def _collectives(rank, world, sizes, write=None):
                                           (4, "memcpy"), (4, "stream")])
 def test_broadcast_and_all_gather_through_the_slots_match_numpy(world, write):
     # sizes 0 and 1, one piece, and several pieces wrapping around each slot; pieces
-    # from slot_copy.MIN_BYTES are written by memcpy or streaming stores as timed, or
+    # from shared_write.MIN_BYTES are written by memcpy or streaming stores as timed, or
     # by the one method pinned
     sizes = [0, 1, 40_000, 150_001]
     for room, b_ran, g_ran in run_ranks(world, _collectives, sizes, write, env=SMALL):
         assert b_ran == {"slotted"} and g_ran == {"slotted"}, (b_ran, g_ran)
         assert 2 * room < 150_001 * 8     # float64: more pieces than a slot holds
         if world < 5:                     # (100 KiB pieces at world 5)
-            assert room >= slot_copy.MIN_BYTES   # whole pieces go through the copier
+            assert room >= shared_write.MIN_BYTES   # whole pieces go through the copier
 
 
 def _all_reduce(rank, world, write=None):
     import hashlib
     from harness import spy_algorithms
-    from accord.transport import slot_copy
-    slot_copy.FORCE = write
+    from accord.transport import shared_write
+    shared_write.FORCE = write
     digests = []
     with spy_algorithms("all_reduce") as ran:
         for n in (0, 1, 1001, 150_001):

@@ -162,9 +162,9 @@ def test_without_single_copy_a_small_state_follows_the_roots_row(env, large):
 
 def _wide(rank, world, mib, write=None):
     # a float32 bucket of `mib` MiB and a small int64 one; write: the slot's writer's
-    # method pinned (transport/slot_copy.py), else timed
-    from accord.transport import slot_copy
-    slot_copy.FORCE = write
+    # method pinned (transport/shared_write.py), else timed
+    from accord.transport import shared_write
+    shared_write.FORCE = write
     state = {"w": np.full(mib << 18, -1, np.float32), "b": np.full(300, -1, np.int64),
              "v": np.full(77, -1, np.float32)}
     with _paths() as took:

@@ -9,9 +9,10 @@
  *
  *   put:  (a collective's or a tagged message) room for header + payload in one
  *         contiguous piece (an empty ring whose head is past `rewind` gets a pad
- *         to its end first, and the message at its beginning)?  header, payload,
- *         publish head (release), full fence, wake the consumer if its
- *         want-data flag asks for this much;
+ *         to its end first, and the message at its beginning)?  header, payload
+ *         (by memcpy, or with streaming stores and a fence after them where the
+ *         caller asks: transport/shared_write.py), publish head (release), full
+ *         fence, wake the consumer if its want-data flag asks for this much;
  *   take: (spinning up to spin_s for the bytes) the next message, if it is of
  *         the kind asked for, the destination's size, matching the stamp (a
  *         collective) or the tag (tagged), and all there in one piece (past a
@@ -36,6 +37,12 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#define STREAMING 1
+#else
+#define STREAMING 0
+#endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the wire header is little-endian: the pure path serves this machine"
@@ -180,6 +187,51 @@ static void parts_gather(Parts *p, unsigned char *dst)
     }
 }
 
+/* memcpy with streaming stores (x86-64; memcpy elsewhere), fenced by the caller */
+static void copy_streaming(unsigned char *dst, const unsigned char *src, size_t n)
+{
+#if STREAMING
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > n)
+        head = n;
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + i, src + i, n - i);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+/* parts_gather with streaming stores, then a fence: they are weakly ordered, and
+ * the head published after them must not pass them */
+static void parts_gather_streaming(Parts *p, unsigned char *dst)
+{
+    if (p->parts == NULL) {
+        copy_streaming(dst, p->one.buf, (size_t)p->len);
+    } else {
+        for (Py_ssize_t i = 0; i < p->nparts; i++) {
+            copy_streaming(dst, p->parts[i].buf, (size_t)p->parts[i].len);
+            dst += p->parts[i].len;
+        }
+    }
+#if STREAMING
+    _mm_sfence();
+#endif
+}
+
 static void parts_scatter(Parts *p, const unsigned char *src)
 {
     if (p->parts == NULL) {
@@ -250,14 +302,18 @@ static void RingLink_dealloc(RingLink *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* put(head, stamp, tag, view) -> the new head, or -1 (not written).
- * stamp: a collective's Stamp, or None for a tagged message with this tag. */
+/* put(head, stamp, tag, view[, streaming]) -> the new head, or -1 (not written).
+ * stamp: a collective's Stamp, or None for a tagged message with this tag;
+ * streaming: the payload written with streaming stores (transport/shared_write.py). */
 static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "put(head, stamp, tag, view)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "put(head, stamp, tag, view[, streaming])");
         return NULL;
     }
+    int streaming = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+    if (streaming < 0)
+        return NULL;
     long long head = PyLong_AsLongLong(args[0]);
     if (head == -1 && PyErr_Occurred())
         return NULL;
@@ -309,7 +365,9 @@ static PyObject *RingLink_put(RingLink *l, PyObject *const *args, Py_ssize_t nar
     memcpy(h + 8, &seqf, 8);
     memcpy(h + 16, &count, 8);
     memcpy(h + 24, &length, 8);
-    if (n)
+    if (n && streaming)
+        parts_gather_streaming(&b, h + HEADER_SIZE);
+    else if (n)
         parts_gather(&b, h + HEADER_SIZE);
     parts_release(&b);
     head += HEADER_SIZE + n;
@@ -488,6 +546,11 @@ PyMODINIT_FUNC PyInit_ring_core(void)
     Py_INCREF(&RingLinkType);
     if (PyModule_AddObject(m, "RingLink", (PyObject *)&RingLinkType) < 0) {
         Py_DECREF(&RingLinkType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* whether put's streaming flag writes with streaming stores (x86-64) */
+    if (PyModule_AddIntConstant(m, "STREAMING", STREAMING) < 0) {
         Py_DECREF(m);
         return NULL;
     }

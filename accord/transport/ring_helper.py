@@ -30,6 +30,11 @@ def wanted():
     return ring_core is not None and os.environ.get("ACCORD_RING_HELPER", "1").strip() != "0"
 
 
+def streams():
+    """Whether its put can write a payload with streaming stores (x86-64 builds)."""
+    return ring_core is not None and bool(getattr(ring_core, "STREAMING", 0))
+
+
 def ring_link(*args):
     """A ring_core.RingLink over the given arena addresses (see ring_core.c's RingLink)."""
     return ring_core.RingLink(*args)

@@ -69,7 +69,7 @@ import numpy as np
 
 from ..byte_stream import ByteStream
 from ..errors import AccordError, CommTimeout, GroupClosed
-from . import cma, cma_threshold, futex, ring_helper
+from . import cma, cma_threshold, futex, ring_helper, shared_write
 from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
 from .wire import (COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
@@ -239,6 +239,9 @@ class _Link(StashMatching):
             self.o_head_i, self.o_tail_i, self.o_want_data_i, self.i_head_i, self.i_tail_i,
             self.i_want_space_i, self.i_want_ack_i, self.i_acked_i, self.peer_doorbell,
             self.wake_n, self.rewind) if ring_helper.wanted() else None
+        # how the helper writes a large one-piece message (memcpy or streaming stores,
+        # timed: shared_write.py); made with the first such message
+        self.writer = None
 
     def poke_data(self, rendezvous=False):
         """New data is in our outgoing ring: wake the peer if it sleeps waiting for it.
@@ -318,12 +321,31 @@ class _Link(StashMatching):
             self.poke_data(rendezvous)
         return moved
 
+    def _put_timed(self, header, buf, n):
+        """The helper's put of a large message, by memcpy or streaming stores as this
+        ring's SharedWriter chooses, the put timed where it asks (shared_write.py)."""
+        w = self.writer
+        if w is None:
+            w = self.writer = shared_write.SharedWriter(
+                streams=shared_write.available() and ring_helper.streams())
+        stream, timed = w.choose(n)
+        if not timed:
+            return self.fast.put(self.o_head, header, 0, buf, stream)
+        t0 = time.perf_counter()
+        head = self.fast.put(self.o_head, header, 0, buf, stream)
+        if head >= 0:
+            w.record(stream, (time.perf_counter() - t0) / n)
+        return head
+
     def write_inline(self, header, buf, n):
         """A small message that fits in one contiguous piece: write, publish, wake.
 
         header: its bytes, or a Stamp (packed straight into the ring)."""
         if self.fast is not None and header.__class__ is not bytes:
-            head = self.fast.put(self.o_head, header, 0, buf)
+            if n < shared_write.MIN_BYTES:
+                head = self.fast.put(self.o_head, header, 0, buf)
+            else:
+                head = self._put_timed(header, buf, n)
             if head < 0:
                 return False
             self.o_head = head

@@ -23,7 +23,7 @@ import collections
 from typing import Iterable, Tuple
 
 from . import futex
-from .slot_copy import SlotCopier
+from .shared_write import SharedWriter
 
 _PAGE = 4096        # the control page before a slot's bytes (shm.py's layout)
 _WANT = 0           # i64, the writer's: wake me once a reader's word reaches this
@@ -55,7 +55,7 @@ class ShmSlots:
         me = self._base[t.rank]
         self._want_i = (me + _WANT) // 8
         self._done = [(me + _DONE + 64 * r) // 8 for r in range(t.size)]
-        self._copier = SlotCopier()
+        self._copier = SharedWriter()
 
     def claim(self, readers: Iterable[int], nbytes: int, stamp,
               deadline: float) -> Tuple[int, memoryview]:
@@ -96,7 +96,7 @@ class ShmSlots:
 
     def fill(self, mem: memoryview, src) -> None:
         """mem[:] = src, for a piece claim() gave: by memcpy or by streaming stores,
-        whichever wrote a byte faster in this rank's latest tries (slot_copy.py)."""
+        whichever wrote a byte faster in this rank's latest tries (shared_write.py)."""
         self._copier.copy(mem, src)
 
     def gather(self, mem: memoryview, stream, lo: int) -> None:

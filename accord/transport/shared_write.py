@@ -1,11 +1,12 @@
-"""How a rank writes a piece into its shared slot: memcpy, or streaming stores, by timing both.
+"""How a rank writes large messages into shared memory: memcpy, or streaming stores, timed.
 
-A slot's piece is written by one rank and read by the others, so when the writer
-comes back to the same bytes two pieces later, its peers' caches still hold
-them. How much that costs the writer moves with where the virtual machine's CPUs
-sit on the host, which changes by itself every few seconds. On the 2-vCPU
+Where a rank writes bytes that peers read (a piece of its shared slot, a message
+in a ring), it comes back to the same bytes a piece or a message later, while
+its peers' caches still hold them. How much that costs the writer moves with
+where the virtual machine's CPUs sit on the host, which changes by itself every
+few seconds. On the 2-vCPU
 development VM, a broadcast of 1 MiB at world 4 through the root's slot, the three
-ways in turn in one run (`python benchmarks/bench_slot_write.py -n 4 --ops
+ways in turn in one run (`python benchmarks/bench_shared_write.py -n 4 --ops
 broadcast --sizes 1M`; benchmarks/results/slot-write-epyc-21.md):
 
 - most of the time the root's memcpy into the slot took 20-24 µs, and streaming
@@ -25,6 +26,13 @@ reads against tens of microseconds) and streams where that wrote a byte clearly
 faster in its last few tries (in under FAVOUR of memcpy's time: what memcpy
 leaves in the caches helps the readers, which the writer's clock does not see),
 trying the other method every EXPLORE-th copy to notice a change.
+
+A ring's one-piece message (transport/shm.py's write_inline, through the ring
+helper) is chosen for alike: a world-4 scatter of 1 MiB, whose root writes three
+such messages a call, took 174-180 µs by memcpy against 201-210 streaming in calm
+stretches, and 252-362 against 211-261 in others (`accord run -n 4` of such a
+scatter, the two in alternate blocks of one run); there the time of the whole put
+(header, payload, publish, wake-up) is what is compared.
 
 Pieces under MIN_BYTES are copied by memcpy: their times are too short to tell
 the two apart, and streaming them only pushes them out of the cache. Streaming
@@ -67,8 +75,9 @@ def _median(xs):
     return xs[0] if len(xs) == 1 else (xs[0] + xs[1]) / 2
 
 
-class SlotCopier:
-    """One writer's choice between memcpy and streaming stores (see the module's text).
+class SharedWriter:
+    """One writer's choice between memcpy and streaming stores (see the module's text),
+    for one stretch of shared memory (a rank's slot, one ring).
 
     A time counts only where the two copies before it used the same method: a slot's
     bytes come round again every other piece (of the slot's room), and what the last
@@ -97,29 +106,29 @@ class SlotCopier:
     def copy(self, dst, src):
         """dst[:] = src, for a piece of a shared slot (dst: its memoryview; src: a
         bytes-like view of as many bytes)."""
-        stream, timed = self._pick(len(dst))
+        stream, timed = self.choose(len(dst))
         t0 = self._clock() if timed else 0.0
         if stream:
             stream_copy(dst, src)
         else:
             dst[:] = src
         if timed:
-            self._record(stream, (self._clock() - t0) / len(dst))
+            self.record(stream, (self._clock() - t0) / len(dst))
 
     def gather(self, dst, stream_of_views, lo):
         """stream_of_views.gather(dst, lo, lo + len(dst)): a piece of a shared slot
         filled from a ByteStream (broadcast_state's tensors), the same choice."""
         n = len(dst)
-        stream, timed = self._pick(n)
+        stream, timed = self.choose(n)
         t0 = self._clock() if timed else 0.0
         stream_of_views.gather(dst, lo, lo + n, streaming=stream)
         if timed:
-            self._record(stream, (self._clock() - t0) / n)
+            self.record(stream, (self._clock() - t0) / n)
 
-    def _pick(self, n):
-        """How the next copy of n bytes goes: (whether it streams, whether it is timed).
-        Pinned and small copies are not timed, nor a copy whose two before used another
-        method (its time would tell of them)."""
+    def choose(self, n):
+        """How the next copy of n bytes goes: (whether it streams, whether to time it and
+        record() the seconds per byte). Pinned and small copies are not timed, nor a
+        copy whose two before used another method (its time would tell of them)."""
         if n < MIN_BYTES or not self.streams:
             return False, False
         force = FORCE
@@ -142,7 +151,7 @@ class SlotCopier:
         self._last = (last[1], stream)
         return stream, timed and last == (stream, stream)
 
-    def _record(self, stream, took):
+    def record(self, stream, took):
         """A timed copy's seconds per byte; the method in use decided again outside
         exploring runs."""
         times = self._times[stream]

@@ -1,21 +1,24 @@
-"""A slot's writer: memcpy, streaming stores, or the timed choice, block by block in one run.
+"""Large writes into shared memory: memcpy, streaming stores, or the timed choice, in one run.
 
-    .venv/bin/python benchmarks/bench_slot_write.py [-n 4] [--ops broadcast,all_gather]
+    .venv/bin/python benchmarks/bench_shared_write.py [-n 4] [--ops broadcast,all_gather]
         [--sizes 1M] [--blocks 30] [--calls 300] [--out FILE]
 
 Beyond two ranks over shared memory, a large broadcast's root (and every rank of
 a large all_gather, each partner of all_reduce's halving steps, and the root of a
 repeated broadcast_state: `--ops state`, ten arrays of SIZE bytes in all) writes
 its piece once into its shared slot and the peers copy it out
-(transport/slots.py).
+(transport/slots.py); a message of up to 1 MiB that fits its ring in one piece
+(a scatter's blocks: `--ops scatter`; any op at world 2) is written into it in
+one go by the ring helper (transport/shm.py).
 How fast that write goes moves by itself every few seconds on a virtual machine
-(transport/slot_copy.py), so the three ways of writing are compared in turns
+(transport/shared_write.py), so the three ways of writing are compared in turns
 inside one run: block k uses memcpy, streaming stores, then the timed choice
 (accord's default), in rotation, each block --calls back-to-back calls after a
 barrier; a block's time is the slowest rank's, per call. For each block it also
 prints the writer's own copy time per call (rank 0's: the root of a broadcast),
-from the copier's clock, so the writer's cost and the whole call's are seen side by
-side.
+from the copier's clock (slot pieces only: a ring's message is timed with its
+whole put, inside the helper's call), so the writer's cost and the whole call's are
+seen side by side.
 
 Prints every block (time per call in µs / the writer's copy in µs), then each
 method's median and its share of the blocks slower than 1.5x the fastest method's
@@ -43,7 +46,7 @@ def parse_size(text):
 def worker(args):
     import numpy as np
     import accord as dist
-    from accord.transport import slot_copy
+    from accord.transport import shared_write
 
     copy_s = [0.0]
 
@@ -53,8 +56,8 @@ def worker(args):
             real(self, *args)
             copy_s[0] += time.perf_counter() - t0
         return method
-    slot_copy.SlotCopier.copy = clocked(slot_copy.SlotCopier.copy)
-    slot_copy.SlotCopier.gather = clocked(slot_copy.SlotCopier.gather)
+    shared_write.SharedWriter.copy = clocked(shared_write.SharedWriter.copy)
+    shared_write.SharedWriter.gather = clocked(shared_write.SharedWriter.gather)
 
     dist.init_process_group()
     r, w = dist.get_rank(), dist.get_world_size()
@@ -66,6 +69,7 @@ def worker(args):
             # "state": 10 float32 arrays of geometric sizes, SIZE bytes in all, synced
             # again and again (broadcast_state's root writes them into its slot)
             cuts = np.geomspace(1, 1024, 10)
+            blocks_in = [np.ones(size // 4, np.float32) for _ in range(w)]
             state = {f"t{i}": np.ones(max(1, int(size / 4 * c / cuts.sum())), np.float32)
                      for i, c in enumerate(cuts)}
 
@@ -78,12 +82,14 @@ def worker(args):
                     dist.all_reduce(x)
                 elif op == "state":
                     dist.broadcast_state(state)
+                elif op == "scatter":
+                    dist.scatter(x, blocks_in if r == 0 else None, 0)
                 else:
                     raise SystemExit(f"unknown op {op}")
             blocks = {m: [] for m in METHODS}
             for b in range(args.blocks * len(METHODS)):
                 method = METHODS[b % len(METHODS)]
-                slot_copy.FORCE = None if method == "timed" else method
+                shared_write.FORCE = None if method == "timed" else method
                 for _ in range(5):
                     call()
                 dist.barrier()
@@ -152,7 +158,7 @@ def main():
     line = next(l for l in out.stdout.splitlines() if "RESULT " in l)
     rows = json.loads(line.split("RESULT ", 1)[1])
     load1 = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    shown = "python benchmarks/bench_slot_write.py " + " ".join(sys.argv[1:])
+    shown = "python benchmarks/bench_shared_write.py " + " ".join(sys.argv[1:])
     text = report(rows, shown, load0, load1)
     print(text)
     if args.out:

@@ -1,4 +1,4 @@
-"""The slot writer's choice between memcpy and streaming stores (transport/slot_copy.py).
+"""The slot writer's choice between memcpy and streaming stores (transport/shared_write.py).
 
 A fake clock stands in for the copies' cost: a piece whose memcpy costs `memcpy`
 seconds a byte and whose streaming copy costs `stream` (and a memcpy into bytes
@@ -8,8 +8,8 @@ settle on and checks that it does, and how often it tries the other one.
 import numpy as np
 import pytest
 
-from accord.transport import slot_copy
-from accord.transport.slot_copy import EXPLORE, MIN_BYTES, RUN, SlotCopier
+from accord.transport import shared_write
+from accord.transport.shared_write import EXPLORE, MIN_BYTES, RUN, SharedWriter
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,14 +54,14 @@ class Piece:
 
 @pytest.fixture
 def fake(monkeypatch):
-    """make(costs) -> (Costs, a SlotCopier on its clock); every copy of the method in use
+    """make(costs) -> (Costs, a SharedWriter on its clock); every copy of the method in use
     timed (SAMPLE 1), so that each test sees every time it feeds."""
-    monkeypatch.setattr(slot_copy, "SAMPLE", 1)
+    monkeypatch.setattr(shared_write, "SAMPLE", 1)
 
     def make(memcpy, stream, cold=None):
         costs = Costs(memcpy, stream, cold)
-        monkeypatch.setattr(slot_copy, "stream_copy", costs.stream_copy)
-        return costs, SlotCopier(streams=True, clock=costs.clock)
+        monkeypatch.setattr(shared_write, "stream_copy", costs.stream_copy)
+        return costs, SharedWriter(streams=True, clock=costs.clock)
     return make
 
 
@@ -118,7 +118,7 @@ def test_one_slow_copy_does_not_change_the_choice(fake):
 
 
 def test_the_method_in_use_is_timed_every_sample_th_copy(fake, monkeypatch):
-    monkeypatch.setattr(slot_copy, "SAMPLE", 4)
+    monkeypatch.setattr(shared_write, "SAMPLE", 4)
     costs, copier = fake(memcpy=1e-11, stream=2e-11)
     _copies(costs, copier, 20)                  # memcpy timed, streaming tried, memcpy
     reads = []
@@ -165,10 +165,10 @@ def test_small_pieces_are_always_copied_by_memcpy(fake):
 
 def test_a_pinned_method_is_used_for_every_piece(fake, monkeypatch):
     costs, copier = fake(memcpy=1e-11, stream=5e-11)
-    monkeypatch.setattr(slot_copy, "FORCE", "stream")
+    monkeypatch.setattr(shared_write, "FORCE", "stream")
     _copies(costs, copier, 20)
     assert costs.used == [True] * 20
-    monkeypatch.setattr(slot_copy, "FORCE", "memcpy")
+    monkeypatch.setattr(shared_write, "FORCE", "memcpy")
     costs.used.clear()
     costs.memcpy, costs.stream = 5e-11, 1e-11
     _copies(costs, copier, 20)
@@ -177,18 +177,18 @@ def test_a_pinned_method_is_used_for_every_piece(fake, monkeypatch):
 
 def test_without_streaming_every_piece_is_a_memcpy(fake):
     costs, _ = fake(memcpy=9e-11, stream=1e-11)
-    copier = SlotCopier(streams=False, clock=costs.clock)
+    copier = SharedWriter(streams=False, clock=costs.clock)
     _copies(costs, copier, 2 * EXPLORE)
     assert costs.used == [False] * (2 * EXPLORE)
 
 
 def test_the_copy_helper_switch_turns_streaming_off(monkeypatch):
     monkeypatch.setenv("ACCORD_COPY_HELPER", "0")
-    assert slot_copy.available() is False
-    assert SlotCopier().streams is False
+    assert shared_write.available() is False
+    assert SharedWriter().streams is False
 
 
-@pytest.mark.skipif(not slot_copy.available(), reason="the copy helper is not built here")
+@pytest.mark.skipif(not shared_write.available(), reason="the copy helper is not built here")
 def test_the_real_copies_write_the_bytes_both_ways():
     src = np.random.default_rng(1).integers(0, 256, 3 * MIN_BYTES + 13, np.uint8)
     mem = bytearray(len(src) + 7)
@@ -196,10 +196,52 @@ def test_the_real_copies_write_the_bytes_both_ways():
         for off in (0, 1, 7):           # streaming stores start at an unaligned byte too
             dst = memoryview(mem)[off:off + len(src)]
             dst[:] = bytes(len(src))
-            old = slot_copy.FORCE
-            slot_copy.FORCE = method
+            old = shared_write.FORCE
+            shared_write.FORCE = method
             try:
-                SlotCopier().copy(dst, src)
+                SharedWriter().copy(dst, src)
             finally:
-                slot_copy.FORCE = old
+                shared_write.FORCE = old
             assert bytes(dst) == src.tobytes(), (method, off)
+
+
+def _ring_messages(rank, world, write):
+    """Large one-piece ring messages (world 2: no slots) under each way of writing them;
+    how many went through the ring writer's timed put, and whether every byte arrived."""
+    import hashlib
+    import accord as dist
+    from accord.transport import shm
+    shared_write.FORCE = write
+    puts = [0]
+    real = shm._Link._put_timed
+
+    def counted(self, header, buf, n):
+        puts[0] += 1
+        return real(self, header, buf, n)
+    shm._Link._put_timed = counted
+    rng = np.random.default_rng(rank)
+    for n in (MIN_BYTES, 3 * MIN_BYTES + 5, (1 << 20) - 64):
+        for _ in range(2 * EXPLORE // world):       # long enough to try both methods
+            x = rng.integers(0, 256, n, dtype=np.uint8)
+            mine = x.copy()
+            dist.broadcast(x, src=0)
+            got = [np.empty(n, np.uint8) for _ in range(world)]
+            dist.all_gather(got, mine)
+            every = [None] * world
+            dist.all_gather_object(every, hashlib.sha1(mine).hexdigest())
+            for r in range(world):
+                assert hashlib.sha1(got[r]).hexdigest() == every[r], (n, r)
+            assert hashlib.sha1(x).hexdigest() == every[0], n
+    return puts[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("write", [None, "memcpy", "stream"])
+def test_large_ring_messages_arrive_whichever_way_they_are_written(write):
+    from harness import run_ranks
+    from accord.transport import ring_helper
+    if not ring_helper.built():
+        pytest.skip("the ring helper is not built here")
+    env = {"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_CMA": "0"}     # no single copy
+    puts = run_ranks(2, _ring_messages, write, env=env)
+    assert all(p >= 3 * EXPLORE for p in puts), puts
