@@ -206,22 +206,23 @@ def test_the_real_copies_write_the_bytes_both_ways():
 
 
 def _ring_messages(rank, world, write):
-    """Large one-piece ring messages (world 2: no slots) under each way of writing them;
-    how many went through the ring writer's timed put, and whether every byte arrived."""
+    """Large ring messages (world 2: no slots), in one piece (up to 1 MiB) and in
+    chunks (3 MiB), under each way of writing them; how many writes went through the
+    rings' SharedWriter, and whether every byte arrived."""
     import hashlib
     import accord as dist
-    from accord.transport import shm
     shared_write.FORCE = write
-    puts = [0]
-    real = shm._Link._put_timed
+    writes = [0]
+    real = shared_write.SharedWriter.choose
 
-    def counted(self, header, buf, n):
-        puts[0] += 1
-        return real(self, header, buf, n)
-    shm._Link._put_timed = counted
+    def counted(self, n):
+        writes[0] += 1
+        return real(self, n)
+    shared_write.SharedWriter.choose = counted
     rng = np.random.default_rng(rank)
-    for n in (MIN_BYTES, 3 * MIN_BYTES + 5, (1 << 20) - 64):
-        for _ in range(2 * EXPLORE // world):       # long enough to try both methods
+    for n, calls in ((MIN_BYTES, EXPLORE), (3 * MIN_BYTES + 5, EXPLORE),
+                     ((1 << 20) - 64, EXPLORE), (3 << 20, 8)):
+        for _ in range(calls // world):
             x = rng.integers(0, 256, n, dtype=np.uint8)
             mine = x.copy()
             dist.broadcast(x, src=0)
@@ -232,16 +233,16 @@ def _ring_messages(rank, world, write):
             for r in range(world):
                 assert hashlib.sha1(got[r]).hexdigest() == every[r], (n, r)
             assert hashlib.sha1(x).hexdigest() == every[0], n
-    return puts[0]
+    return writes[0]
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["ring-helper", "pure-rings"])
 @pytest.mark.parametrize("write", [None, "memcpy", "stream"])
-def test_large_ring_messages_arrive_whichever_way_they_are_written(write):
+def test_large_ring_messages_arrive_whichever_way_they_are_written(write, helper):
     from harness import run_ranks
-    from accord.transport import ring_helper
-    if not ring_helper.built():
-        pytest.skip("the ring helper is not built here")
-    env = {"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_CMA": "0"}     # no single copy
-    puts = run_ranks(2, _ring_messages, write, env=env)
-    assert all(p >= 3 * EXPLORE for p in puts), puts
+    env = {"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_CMA": "0",       # no single copy
+           "ACCORD_RING_HELPER": helper}
+    writes = run_ranks(2, _ring_messages, write, env=env)
+    # each rank's all_gather sends (and the root's broadcast) through its ring writer
+    assert all(w >= 3 * EXPLORE // 2 for w in writes), writes

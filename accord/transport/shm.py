@@ -239,8 +239,9 @@ class _Link(StashMatching):
             self.o_head_i, self.o_tail_i, self.o_want_data_i, self.i_head_i, self.i_tail_i,
             self.i_want_space_i, self.i_want_ack_i, self.i_acked_i, self.peer_doorbell,
             self.wake_n, self.rewind) if ring_helper.wanted() else None
-        # how the helper writes a large one-piece message (memcpy or streaming stores,
-        # timed: shared_write.py); made with the first such message
+        # how a large write into the ring goes (memcpy or streaming stores, timed:
+        # shared_write.py), the helper's one-piece put and push()'s chunks alike; made
+        # with the first one
         self.writer = None
 
     def poke_data(self, rendezvous=False):
@@ -295,14 +296,15 @@ class _Link(StashMatching):
                 k = min(len(part) - s.off, budget - wrote)
                 pos = (head + wrote) % cap
                 first = min(k, cap - pos)
+                w = self.writer or self._new_writer()
                 if part.__class__ is ByteStream:        # gathered as it goes in
-                    part.gather(ring[pos:pos + first], s.off, s.off + first)
+                    w.gather(ring[pos:pos + first], part, s.off)
                     if first < k:
-                        part.gather(ring[0:k - first], s.off + first, s.off + k)
+                        w.gather(ring[0:k - first], part, s.off + first)
                 else:
-                    ring[pos:pos + first] = part[s.off:s.off + first]
+                    w.copy(ring[pos:pos + first], part[s.off:s.off + first])
                     if first < k:
-                        ring[0:k - first] = part[s.off + first:s.off + k]
+                        w.copy(ring[0:k - first], part[s.off + first:s.off + k])
                 s.off += k
                 wrote += k
                 if s.off == len(part):
@@ -321,13 +323,17 @@ class _Link(StashMatching):
             self.poke_data(rendezvous)
         return moved
 
+    def _new_writer(self):
+        """This ring's SharedWriter (shared_write.py): how its large writes go, memcpy or
+        streaming stores, timed; made with the first one."""
+        streams = shared_write.available() and (self.fast is None or ring_helper.streams())
+        self.writer = shared_write.SharedWriter(streams=streams)
+        return self.writer
+
     def _put_timed(self, header, buf, n):
         """The helper's put of a large message, by memcpy or streaming stores as this
         ring's SharedWriter chooses, the put timed where it asks (shared_write.py)."""
-        w = self.writer
-        if w is None:
-            w = self.writer = shared_write.SharedWriter(
-                streams=shared_write.available() and ring_helper.streams())
+        w = self.writer or self._new_writer()
         stream, timed = w.choose(n)
         if not timed:
             return self.fast.put(self.o_head, header, 0, buf, stream)
@@ -367,7 +373,13 @@ class _Link(StashMatching):
             ring[pos:pos + HEADER_SIZE] = header
         else:
             header.pack_into(ring, pos, n)
-        if n:
+        if n >= shared_write.MIN_BYTES:     # memcpy or streaming stores, timed
+            w = self.writer or self._new_writer()
+            if buf.__class__ is ByteStream:
+                w.gather(ring[pos + HEADER_SIZE:end], buf, 0)
+            else:
+                w.copy(ring[pos + HEADER_SIZE:end], buf)
+        elif n:
             if buf.__class__ is ByteStream:
                 buf.gather(ring[pos + HEADER_SIZE:end], 0, n)
             else:
