@@ -53,7 +53,7 @@ EXPLORE = 128               # every EXPLORE-th copy starts a run of the other me
 RUN = 4                     # ... of this many copies, all timed
 SAMPLE = 4                  # otherwise every SAMPLE-th copy is timed (timing one costs
                             # about 1 µs of Python, a 256 KiB memcpy in cache 2-5 µs)
-KEEP = 3                    # the latest times kept per method (the median decides)
+KEEP = 5                    # the latest times kept per method (their typical one decides)
 FAVOUR = 0.75               # streaming is chosen where it takes under this share of
                             # memcpy's time a byte: memcpy keeps what it leaves in the
                             # caches for the readers, which the writer's clock misses
@@ -67,12 +67,13 @@ def available():
         os.environ.get("ACCORD_COPY_HELPER", "1").strip() != "0"
 
 
-def _median(xs):
-    """The median of one to three numbers (KEEP), without sorting a list."""
-    if len(xs) == 3:
-        a, b, c = xs
-        return max(min(a, b), min(max(a, b), c))
-    return xs[0] if len(xs) == 1 else (xs[0] + xs[1]) / 2
+def _typical(xs):
+    """The mean of the times left once the highest and the lowest are set aside (with
+    three or more): one copy the scheduler interrupted, or one that found its bytes
+    out of every cache, moves it little, and neither decides alone."""
+    if len(xs) < 3:
+        return sum(xs) / len(xs)
+    return (sum(xs) - max(xs) - min(xs)) / (len(xs) - 2)
 
 
 class SharedWriter:
@@ -163,12 +164,11 @@ class SharedWriter:
 
     def _faster(self):
         """Whether streaming wrote a byte in under FAVOUR of memcpy's time in the latest
-        tries (the median of each method's, so one copy interrupted by the scheduler
-        decides nothing); the method in use while either has none."""
+        tries (each method's _typical); the method in use while either has none."""
         plain, stream = self._times[False], self._times[True]
         if not plain or not stream:
             return self._use
-        return _median(stream) < FAVOUR * _median(plain)
+        return _typical(stream) < FAVOUR * _typical(plain)
 
     @property
     def streaming(self):
