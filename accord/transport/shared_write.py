@@ -4,9 +4,11 @@ Where a rank writes bytes that peers read (a piece of its shared slot, a message
 in a ring), it comes back to the same bytes a piece or a message later, while
 its peers' caches still hold them. How much that costs the writer moves with
 where the virtual machine's CPUs sit on the host, which changes by itself every
-few seconds. On the 2-vCPU
-development VM, a broadcast of 1 MiB at world 4 through the root's slot, the three
-ways in turn in one run (`python benchmarks/bench_shared_write.py -n 4 --ops
+few seconds: two processes and no accord, a 1 MiB memcpy into bytes the other
+CPU had just read took 18-24 µs in some stretches and 98-127 µs in others,
+streaming stores 24-25 µs in both (benchmarks/shared_write_floor.py). On the
+2-vCPU development VM, a broadcast of 1 MiB at world 4 through the root's slot,
+the three ways in turn in one run (`python benchmarks/bench_shared_write.py -n 4 --ops
 broadcast --sizes 1M`; benchmarks/results/slot-write-epyc-21.md):
 
 - most of the time the root's memcpy into the slot took 20-24 µs, and streaming
@@ -27,12 +29,10 @@ faster in its last few tries (in under FAVOUR of memcpy's time: what memcpy
 leaves in the caches helps the readers, which the writer's clock does not see),
 trying the other method every EXPLORE-th copy to notice a change.
 
-A ring's one-piece message (transport/shm.py's write_inline, through the ring
-helper) is chosen for alike: a world-4 scatter of 1 MiB, whose root writes three
-such messages a call, took 174-180 µs by memcpy against 201-210 streaming in calm
-stretches, and 252-362 against 211-261 in others (`accord run -n 4` of such a
-scatter, the two in alternate blocks of one run); there the time of the whole put
-(header, payload, publish, wake-up) is what is compared.
+A ring's large messages (transport/shm.py: one piece of up to 1 MiB, written by
+the ring helper's put, whose whole time is what is compared; larger ones in
+chunks) are chosen for alike, one SharedWriter a ring. Measured the same way:
+benchmarks/results/shared-write-epyc-21.md.
 
 Pieces under MIN_BYTES are copied by memcpy: their times are too short to tell
 the two apart, and streaming them only pushes them out of the cache. Streaming
@@ -81,9 +81,10 @@ class SharedWriter:
     for one stretch of shared memory (a rank's slot, one ring).
 
     A time counts only where the two copies before it used the same method: a slot's
-    bytes come round again every other piece (of the slot's room), and what the last
-    write through them left in the caches (streaming leaves nothing) changes the next
-    one's cost, so the first memcpy after streaming is slower than memcpy in a row.
+    bytes come round again every other piece (of the slot's room), a ring's every
+    message or two, and what the last write through them left in the caches
+    (streaming leaves nothing) changes the next one's cost, so the first memcpy after
+    streaming is slower than memcpy in a row.
     The method not in use is therefore tried in runs of RUN copies, every
     EXPLORE-th copy (and at once, the first time, when memcpy has its first time),
     and every SAMPLE-th copy of the method in use is timed (every one until it has a
@@ -105,8 +106,8 @@ class SharedWriter:
         self._clock = clock
 
     def copy(self, dst, src):
-        """dst[:] = src, for a piece of a shared slot (dst: its memoryview; src: a
-        bytes-like view of as many bytes)."""
+        """dst[:] = src, for shared memory peers read (dst: a memoryview of a slot's
+        piece or a ring's bytes; src: a bytes-like view of as many bytes)."""
         stream, timed = self.choose(len(dst))
         t0 = self._clock() if timed else 0.0
         if stream:
@@ -117,8 +118,8 @@ class SharedWriter:
             self.record(stream, (self._clock() - t0) / len(dst))
 
     def gather(self, dst, stream_of_views, lo):
-        """stream_of_views.gather(dst, lo, lo + len(dst)): a piece of a shared slot
-        filled from a ByteStream (broadcast_state's tensors), the same choice."""
+        """stream_of_views.gather(dst, lo, lo + len(dst)): copy() from a ByteStream
+        (broadcast_state's tensors), the same choice."""
         n = len(dst)
         stream, timed = self.choose(n)
         t0 = self._clock() if timed else 0.0

@@ -344,7 +344,8 @@ class _Link(StashMatching):
         return head
 
     def write_inline(self, header, buf, n):
-        """A small message that fits in one contiguous piece: write, publish, wake.
+        """A message that fits in one contiguous piece: write, publish, wake (one of
+        MIN_BYTES or more as this ring's SharedWriter chooses: shared_write.py).
 
         header: its bytes, or a Stamp (packed straight into the ring)."""
         if self.fast is not None and header.__class__ is not bytes:

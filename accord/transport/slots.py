@@ -55,7 +55,7 @@ class ShmSlots:
         me = self._base[t.rank]
         self._want_i = (me + _WANT) // 8
         self._done = [(me + _DONE + 64 * r) // 8 for r in range(t.size)]
-        self._copier = SharedWriter()
+        self._writer = SharedWriter()
 
     def claim(self, readers: Iterable[int], nbytes: int, stamp,
               deadline: float) -> Tuple[int, memoryview]:
@@ -95,14 +95,15 @@ class ShmSlots:
         return start, self._t.mem[off:off + nbytes]
 
     def fill(self, mem: memoryview, src) -> None:
-        """mem[:] = src, for a piece claim() gave: by memcpy or by streaming stores,
-        whichever wrote a byte faster in this rank's latest tries (shared_write.py)."""
-        self._copier.copy(mem, src)
+        """mem[:] = src, for a piece claim() gave: by memcpy, or by streaming stores
+        where those wrote a byte clearly faster in this rank's latest tries
+        (shared_write.py)."""
+        self._writer.copy(mem, src)
 
     def gather(self, mem: memoryview, stream, lo: int) -> None:
         """fill() from a ByteStream: its bytes lo..lo + len(mem) (broadcast_state's
         tensors, gathered straight into the piece)."""
-        self._copier.gather(mem, stream, lo)
+        self._writer.gather(mem, stream, lo)
 
     def _forget_released(self):
         """Drop the oldest pieces every reader has copied out: tiny pieces (a rank's
