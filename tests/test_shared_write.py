@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from accord.transport import shared_write
-from accord.transport.shared_write import EXPLORE, MIN_BYTES, RUN, SharedWriter
+from accord.transport.shared_write import EXPLORE, EXPLORE_MEMCPY, MIN_BYTES, RUN, SharedWriter
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,14 +75,25 @@ def _copies(costs, copier, k, n=MIN_BYTES):
 
 def test_memcpy_stays_where_it_is_faster_and_streaming_is_tried_in_short_runs(fake):
     costs, copier = fake(memcpy=1e-11, stream=2e-11)
-    _copies(costs, copier, 10 * EXPLORE)
+    _copies(costs, copier, 2 * EXPLORE_MEMCPY)
     assert copier.streaming is False
     streamed = sum(costs.used)
     # one run once memcpy has a time (from its third copy, the first two before it
-    # being memcpy too), then one every EXPLORE copies outside the runs: 10 runs in
-    # 10 * EXPLORE copies (the runs' own copies do not count towards EXPLORE)
+    # being memcpy too), then one every EXPLORE_MEMCPY copies outside the runs (the
+    # runs' own copies do not count): 2 runs in 2 * EXPLORE_MEMCPY copies
     assert costs.used[:3 + RUN] == [False] * 3 + [True] * RUN
-    assert streamed == 10 * RUN, streamed
+    assert streamed == 2 * RUN, streamed
+
+
+def test_a_streaming_writer_tries_memcpy_more_often(fake):
+    # streaming's time barely moves from one stretch to the next, memcpy's does: a
+    # writer that streams looks at memcpy every EXPLORE copies
+    costs, copier = fake(memcpy=5e-11, stream=1e-11)
+    _copies(costs, copier, 5 * EXPLORE)
+    assert copier.streaming is True
+    runs = sum(1 for i in range(1, len(costs.used))
+               if not costs.used[i] and costs.used[i - 1])   # memcpy after streaming
+    assert 4 <= runs <= 5, runs             # against one in EXPLORE_MEMCPY copies
 
 
 def test_a_writer_turns_to_streaming_where_it_is_faster_and_back_when_that_changes(fake):

@@ -27,7 +27,7 @@ the writer times its copies (the copy alone: a few tens of nanoseconds of clock
 reads against tens of microseconds) and streams where that wrote a byte clearly
 faster in its last few tries (in under FAVOUR of memcpy's time: what memcpy
 leaves in the caches helps the readers, which the writer's clock does not see),
-trying the other method every EXPLORE-th copy to notice a change.
+trying the other method now and then to notice a change.
 
 A ring's large messages (transport/shm.py: one piece of up to 1 MiB, written by
 the ring helper's put, whose whole time is what is compared; larger ones in
@@ -49,12 +49,15 @@ except ImportError:         # not built here, or built before it said whether it
     stream_copy, _HELPER_STREAMS = None, 0
 
 MIN_BYTES = 128 << 10       # smaller pieces are always memcpy'd
-EXPLORE = 128               # every EXPLORE-th copy starts a run of the other method
+EXPLORE = 128               # streaming, every EXPLORE-th copy starts a run of memcpy
+EXPLORE_MEMCPY = 1024       # memcpy, every EXPLORE_MEMCPY-th one a run of streaming
+                            # (its time barely moves: memcpy's own samples show when
+                            # memcpy slows down, streaming's last ones still stand)
 RUN = 4                     # ... of this many copies, all timed
 SAMPLE = 4                  # otherwise every SAMPLE-th copy is timed (timing one costs
                             # about 1 µs of Python, a 256 KiB memcpy in cache 2-5 µs)
 KEEP = 5                    # the latest times kept per method (their typical one decides)
-FAVOUR = 0.75               # streaming is chosen where it takes under this share of
+FAVOUR = 0.5                # streaming is chosen where it takes under this share of
                             # memcpy's time a byte: memcpy keeps what it leaves in the
                             # caches for the readers, which the writer's clock misses
 FORCE = None                # "memcpy" or "stream": benchmarks and tests pin a method
@@ -86,14 +89,14 @@ class SharedWriter:
     (streaming leaves nothing) changes the next one's cost, so the first memcpy after
     streaming is slower than memcpy in a row.
     The method not in use is therefore tried in runs of RUN copies, every
-    EXPLORE-th copy (and at once, the first time, when memcpy has its first time),
-    and every SAMPLE-th copy of the method in use is timed (every one until it has a
-    time).
+    EXPLORE-th copy while streaming, every EXPLORE_MEMCPY-th while memcpy'ing (and at
+    once, the first time, when memcpy has its first time), and every SAMPLE-th copy
+    of the method in use is timed (every one until it has a time).
 
     clock: seconds as a float (tests pass a fake one)."""
 
     __slots__ = ("streams", "_times", "_use", "_count", "_run", "_trying", "_last",
-                 "_clock")
+                 "_quiet", "_clock")
 
     def __init__(self, streams=None, clock=time.perf_counter):
         self.streams = available() if streams is None else streams
@@ -103,6 +106,7 @@ class SharedWriter:
         self._run = 0                          # copies left in an exploring run
         self._trying = False                   # the method that run uses
         self._last = (None, None)              # the methods of the two copies before
+        self._quiet = 0                        # copies left before the next timed one
         self._clock = clock
 
     def copy(self, dst, src):
@@ -136,19 +140,32 @@ class SharedWriter:
         force = FORCE
         if force is not None:
             return force == "stream", False
+        if self._quiet:                 # the method in use, between two timed copies
+            self._quiet -= 1
+            if not self._quiet:         # (SAMPLE - 1 >= 2 of them in a row)
+                self._last = (self._use, self._use)
+            return self._use, False
         if self._run:
             self._run -= 1
             stream, timed = self._trying, True
         else:
             k = self._count = self._count + 1
             use, times = self._use, self._times
-            if k % EXPLORE == 0 or times[use] and not times[not use]:
+            if k % (EXPLORE if use else EXPLORE_MEMCPY) == 0 or \
+                    times[use] and not times[not use]:
                 # the other method in its turn, or at once where only this one was timed
                 self._trying = stream = not use
                 self._run = RUN - 1
                 timed = True
+            elif not times[use]:
+                stream, timed = use, True
             else:
-                stream, timed = use, k % SAMPLE == 0 or not times[use]
+                # timed now; the next SAMPLE - 1 (no exploring run among them: EXPLORE
+                # and EXPLORE_MEMCPY are multiples of SAMPLE) go by the quick path above
+                stream, timed = use, k % SAMPLE == 0
+                if timed:
+                    self._quiet = SAMPLE - 1
+                    self._count = k + SAMPLE - 1
         last = self._last
         self._last = (last[1], stream)
         return stream, timed and last == (stream, stream)
@@ -161,7 +178,10 @@ class SharedWriter:
         if len(times) > KEEP:
             del times[0]
         if not self._run:
-            self._use = self._faster()
+            use = self._faster()
+            if use is not self._use:
+                self._use = use
+                self._quiet = 0         # the quick path goes on with the method in use
 
     def _faster(self):
         """Whether streaming wrote a byte in under FAVOUR of memcpy's time in the latest
