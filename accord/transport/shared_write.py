@@ -26,8 +26,13 @@ Neither is right all the time, and nothing short of trying tells them apart, so
 the writer times its copies (the copy alone: a few tens of nanoseconds of clock
 reads against tens of microseconds) and streams where that wrote a byte clearly
 faster in its last few tries (in under FAVOUR of memcpy's time: what memcpy
-leaves in the caches helps the readers, which the writer's clock does not see),
-trying the other method now and then to notice a change.
+leaves in the caches helps the readers in calm stretches, which the writer's
+clock does not see), trying the other method now and then to notice a change.
+Nor does that clock see a reader slowed in the same stretches, copying bytes out
+of the writer's cache: a two-rank chain broadcast of 1 MiB, its 256 KiB chunks
+through the ring, took 93 µs a call by memcpy and 48 streaming while the writer's
+memcpy stayed near its calm time, and the timed choice stayed with memcpy (81 µs;
+benchmarks/results/shared-write-w2-epyc-21.md).
 
 A ring's large messages (transport/shm.py: one piece of up to 1 MiB, written by
 the ring helper's put, whose whole time is what is compared; larger ones in
@@ -54,8 +59,10 @@ EXPLORE_MEMCPY = 1024       # memcpy, every EXPLORE_MEMCPY-th one a run of strea
                             # (its time barely moves: memcpy's own samples show when
                             # memcpy slows down, streaming's last ones still stand)
 RUN = 4                     # ... of this many copies, all timed
-SAMPLE = 4                  # otherwise every SAMPLE-th copy is timed (timing one costs
-                            # about 1 µs of Python, a 256 KiB memcpy in cache 2-5 µs)
+SAMPLE = 16                 # otherwise every SAMPLE-th copy is timed (timing one and
+                            # weighing its time costs about 1.5 µs of Python, a 256 KiB
+                            # memcpy 2-5 µs; every 4th cost a world-4 all_reduce of
+                            # 1 MiB 4-5%)
 KEEP = 5                    # the latest times kept per method (their typical one decides)
 FAVOUR = 0.5                # streaming is chosen where it takes under this share of
                             # memcpy's time a byte: memcpy keeps what it leaves in the
