@@ -11,10 +11,11 @@ accord/halves.py choose at import).
 from setuptools import Extension, setup
 
 setup(ext_modules=[
+    # both write with streaming stores through accord/stream_store.h
     Extension("accord.transport.ring_core", ["accord/transport/ring_core.c"],
-              optional=True, extra_compile_args=["-O2"]),
+              depends=["accord/stream_store.h"], optional=True, extra_compile_args=["-O2"]),
     Extension("accord.copy_core", ["accord/copy_core.c"],
-              optional=True, extra_compile_args=["-O2"]),
+              depends=["accord/stream_store.h"], optional=True, extra_compile_args=["-O2"]),
     # IEEE float arithmetic, as numpy's: no fast-math, no contraction into FMAs; -O3
     # vectorizes the portable loops (AVX2's and F16C's are written out, chosen at import)
     Extension("accord.halves_core", ["accord/halves_core.c"],

@@ -29,54 +29,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <emmintrin.h>
-#define STREAMING 1
-#else
-#define STREAMING 0
-#endif
+#include "stream_store.h"
 
-/* dst[0:n] = src[0:n] with streaming stores, which are weakly ordered: the caller
- * fences (_mm_sfence) before anything that tells another process the bytes are there */
-static void copy_streaming_unfenced(char *dst, const char *src, size_t n)
-{
-#if STREAMING
-    /* streaming stores need 16-byte aligned destinations: the head goes by memcpy */
-    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-    if (head > n)
-        head = n;
-    memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    n -= head;
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-        _mm_stream_si128((__m128i *)(dst + i), a);
-        _mm_stream_si128((__m128i *)(dst + i + 16), b);
-        _mm_stream_si128((__m128i *)(dst + i + 32), c);
-        _mm_stream_si128((__m128i *)(dst + i + 48), d);
-    }
-    memcpy(dst + i, src + i, n - i);
-#else
-    memcpy(dst, src, n);
-#endif
-}
-
-static void fence(void)
-{
-#if STREAMING
-    _mm_sfence();
-#endif
-}
-
+/* dst[0:n] = src[0:n] with streaming stores, then the fence */
 static void copy_streaming(char *dst, const char *src, size_t n)
 {
-    copy_streaming_unfenced(dst, src, n);
-    fence();
+    stream_store_copy(dst, src, n);
+    stream_store_fence();
 }
 
 static PyObject *stream_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -162,7 +121,7 @@ static PyObject *views_copy(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (into)
             memcpy((char *)v.buf + off, at, (size_t)k);
         else if (streaming)
-            copy_streaming_unfenced(at, (const char *)v.buf + off, (size_t)k);
+            stream_store_copy(at, (const char *)v.buf + off, (size_t)k);
         else
             memcpy(at, (const char *)v.buf + off, (size_t)k);
         PyBuffer_Release(&v);
@@ -175,7 +134,7 @@ static PyObject *views_copy(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_INCREF(result);
 done:
     if (streaming)
-        fence();
+        stream_store_fence();
     PyBuffer_Release(&m);
     Py_DECREF(views);
     return result;
@@ -200,7 +159,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit_copy_core(void)
 {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "STREAMING", STREAMING) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "STREAMING", STREAM_STORES) < 0) {
         Py_DECREF(m);
         return NULL;
     }

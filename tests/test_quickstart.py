@@ -152,7 +152,7 @@ def test_built_wheel_installs_and_runs_the_quick_start(tmp_path):
     with tarfile.open(sdists[0]) as t:
         names = t.getnames()
     for source in ("/accord/transport/ring_core.c", "/accord/copy_core.c",
-                   "/accord/halves_core.c"):
+                   "/accord/halves_core.c", "/accord/stream_store.h"):
         assert any(n.endswith(source) for n in names), (source, names)
     assert any(n.endswith("/setup.py") for n in names), names
     checked = _run([sys.executable, "-m", "twine", "check", "--strict", wheels[0], sdists[0]],

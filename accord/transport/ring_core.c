@@ -37,12 +37,7 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#define STREAMING 1
-#else
-#define STREAMING 0
-#endif
+#include "../stream_store.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the wire header is little-endian: the pure path serves this machine"
@@ -187,49 +182,19 @@ static void parts_gather(Parts *p, unsigned char *dst)
     }
 }
 
-/* memcpy with streaming stores (x86-64; memcpy elsewhere), fenced by the caller */
-static void copy_streaming(unsigned char *dst, const unsigned char *src, size_t n)
-{
-#if STREAMING
-    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-    if (head > n)
-        head = n;
-    memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    n -= head;
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-        _mm_stream_si128((__m128i *)(dst + i), a);
-        _mm_stream_si128((__m128i *)(dst + i + 16), b);
-        _mm_stream_si128((__m128i *)(dst + i + 32), c);
-        _mm_stream_si128((__m128i *)(dst + i + 48), d);
-    }
-    memcpy(dst + i, src + i, n - i);
-#else
-    memcpy(dst, src, n);
-#endif
-}
-
 /* parts_gather with streaming stores, then a fence: they are weakly ordered, and
  * the head published after them must not pass them */
 static void parts_gather_streaming(Parts *p, unsigned char *dst)
 {
     if (p->parts == NULL) {
-        copy_streaming(dst, p->one.buf, (size_t)p->len);
+        stream_store_copy(dst, p->one.buf, (size_t)p->len);
     } else {
         for (Py_ssize_t i = 0; i < p->nparts; i++) {
-            copy_streaming(dst, p->parts[i].buf, (size_t)p->parts[i].len);
+            stream_store_copy(dst, p->parts[i].buf, (size_t)p->parts[i].len);
             dst += p->parts[i].len;
         }
     }
-#if STREAMING
-    _mm_sfence();
-#endif
+    stream_store_fence();
 }
 
 static void parts_scatter(Parts *p, const unsigned char *src)
@@ -550,7 +515,7 @@ PyMODINIT_FUNC PyInit_ring_core(void)
         return NULL;
     }
     /* whether put's streaming flag writes with streaming stores (x86-64) */
-    if (PyModule_AddIntConstant(m, "STREAMING", STREAMING) < 0) {
+    if (PyModule_AddIntConstant(m, "STREAMING", STREAM_STORES) < 0) {
         Py_DECREF(m);
         return NULL;
     }
