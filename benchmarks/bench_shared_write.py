@@ -31,16 +31,11 @@ import subprocess
 import sys
 import time
 
+from shared_write_floor import parse_size     # this folder's, beside this script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("memcpy", "stream", "timed")
 
-
-def parse_size(text):
-    text = text.strip().upper()
-    for suffix, k in (("K", 1 << 10), ("M", 1 << 20)):
-        if text.endswith(suffix):
-            return int(text[:-1]) * k
-    return int(text)
 
 
 def worker(args):
