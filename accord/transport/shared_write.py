@@ -61,10 +61,10 @@ EXPLORE_MEMCPY = 1024       # memcpy, every EXPLORE_MEMCPY-th one a run of strea
                             # (its time barely moves: memcpy's own samples show when
                             # memcpy slows down, streaming's last ones still stand)
 RUN = 4                     # ... of this many copies, all timed
-SAMPLE = 16                 # otherwise every SAMPLE-th copy is timed (timing one and
-                            # weighing its time costs about 1.5 µs of Python, a 256 KiB
-                            # memcpy 2-5 µs; every 4th cost a world-4 all_reduce of
-                            # 1 MiB 4-5%)
+SAMPLE = 16                 # otherwise every SAMPLE-th copy is timed (timing every one
+                            # cost about 1 µs of Python a copy, against 2 µs for a
+                            # 256 KiB memcpy in cache; every 4th, a world-4 all_reduce
+                            # of 1 MiB 4-5% in bench_shared_write's blocks)
 KEEP = 5                    # the latest times kept per method (their typical one decides)
 FAVOUR = 0.5                # streaming is chosen where it takes under this share of
                             # memcpy's time a byte: memcpy keeps what it leaves in the
