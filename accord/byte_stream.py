@@ -14,17 +14,13 @@ either side. A path of a medium that can only fill one buffer receives into a
 contiguous stand-in first (staged()).
 """
 import bisect
-import os
 from typing import List
 
-try:
-    # the optional C helper (accord/copy_core.c), off with ACCORD_COPY_HELPER=0: each
-    # view a range crosses costs a memcpy, not two slices and an assignment in Python
-    from .copy_core import views_copy as _views_copy
-except ImportError:          # not built here: Python copies
-    _views_copy = None
-if os.environ.get("ACCORD_COPY_HELPER", "1").strip() == "0":
-    _views_copy = None
+from . import localcopy
+
+# the optional C helper (accord/copy_core.c), unless off with ACCORD_COPY_HELPER=0: each
+# view a range crosses costs a memcpy, not two slices and an assignment in Python
+_views_copy = localcopy.views_copy if localcopy.helper_on() else None
 
 
 class ByteStream:

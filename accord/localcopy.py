@@ -23,9 +23,9 @@ import os
 import numpy as np
 
 try:
-    from .copy_core import stream_copy
+    from .copy_core import STREAMING, stream_copy, views_copy
 except ImportError:          # not built here: numpy copies
-    stream_copy = None
+    STREAMING, stream_copy, views_copy = 0, None, None
 
 _DEFAULT_MIN = 16 << 20
 _FLOOR_MIN = 4 << 20
@@ -64,9 +64,16 @@ def built():
     return stream_copy is not None
 
 
+def helper_on():
+    """Whether the copy helper (accord/copy_core.c) is built and not turned off with
+    ACCORD_COPY_HELPER=0: every user of it asks here (this module's large copies,
+    byte_stream.py's range copies, the streaming stores of transport/shared_write.py)."""
+    return stream_copy is not None and os.environ.get("ACCORD_COPY_HELPER", "1").strip() != "0"
+
+
 def streaming():
     """Whether large copies stream: the helper is built and not turned off."""
-    return stream_copy is not None and os.environ.get("ACCORD_COPY_HELPER", "1").strip() != "0"
+    return helper_on()
 
 
 _STREAMING = streaming()

@@ -46,14 +46,9 @@ the two apart, and streaming them only pushes them out of the cache. Streaming
 needs the optional copy helper (accord/copy_core.c, x86-64); without it, or with
 ACCORD_COPY_HELPER=0, every piece is a memcpy.
 """
-import os
 import time
 
-try:
-    from ..copy_core import stream_copy
-    from ..copy_core import STREAMING as _HELPER_STREAMS
-except ImportError:         # not built here, or built before it said whether it streams
-    stream_copy, _HELPER_STREAMS = None, 0
+from ..localcopy import STREAMING, helper_on, stream_copy
 
 MIN_BYTES = 128 << 10       # smaller pieces are always memcpy'd
 EXPLORE = 128               # streaming, every EXPLORE-th copy starts a run of memcpy
@@ -73,10 +68,9 @@ FORCE = None                # "memcpy" or "stream": benchmarks and tests pin a m
 
 
 def available():
-    """Whether streaming stores can be chosen here: the helper is built, streams on
+    """Whether streaming stores can be chosen here: the copy helper is built, streams on
     this CPU, and is not turned off with ACCORD_COPY_HELPER=0."""
-    return stream_copy is not None and bool(_HELPER_STREAMS) and \
-        os.environ.get("ACCORD_COPY_HELPER", "1").strip() != "0"
+    return helper_on() and bool(STREAMING)
 
 
 def _typical(xs):
