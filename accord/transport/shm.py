@@ -347,8 +347,9 @@ class _Link(StashMatching):
         return head
 
     def write_inline(self, header, buf, n):
-        """A message that fits in one contiguous piece: write, publish, wake (one of
-        MIN_BYTES or more as this ring's SharedWriter chooses: shared_write.py).
+        """A message that fits in one contiguous piece: write, publish, wake (a contiguous
+        one of MIN_BYTES or more as this ring's SharedWriter chooses: shared_write.py;
+        a ByteStream by memcpy).
 
         header: its bytes, or a Stamp (packed straight into the ring)."""
         if self.fast is not None and header.__class__ is not bytes:
