@@ -142,8 +142,8 @@ class _Entry:
     # 0, new for every entry) and the address of `table`, its (address, length) rows,
     # from which a peer reads where this rank's tensors are (once per token); plans:
     # root -> what broadcast_state worked out for a call on this entry (state._Plan)
-    __slots__ = ("keys", "refs", "metas", "digest", "buckets", "packed_bytes", "table",
-                 "word", "rows", "remote", "_stream", "views", "_bytes", "plans")
+    __slots__ = ("keys", "refs", "metas", "digest", "buckets", "nbytes", "packed_bytes",
+                 "table", "word", "rows", "remote", "_stream", "views", "_bytes", "plans")
 
     def stream(self):
         """(pieces, copier, layout): every bucket's pieces in order, one hook packing
@@ -332,6 +332,7 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
         e.views += large
         out.total = b.nbytes
         e.buckets.append(out)
+    e.nbytes = sum(b.total for b in e.buckets)       # every tensor's bytes
     e.table = np.array(table, np.uint64).reshape(-1, 2)
     e.word = struct.pack("<QQ", int.from_bytes(os.urandom(8), "little") | 1,
                          e.table.ctypes.data)

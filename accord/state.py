@@ -283,10 +283,16 @@ def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, 
                 moved[0] = True
                 return
             choose("all_gather", total, c, forced)(c, blocks, row[0], own)
-            v = verdict[0] = _verdict(table, root, g.size)
             how = table[root * _ROW + _HAS]
             if how == _SLOTTED:
-                moved[0] = _take_slotted(c, root, table, into if v[0] else None, entry)
+                # the first chunk's position rides in the root's row; taken out, so that
+                # a repeated sync's table (the verdict's key) is the same every call
+                at = root * _ROW + _AHEAD_BYTES
+                first = bytes(table[at:at + 16])
+                table[at:at + 16] = bytes(16)
+            v = verdict[0] = _verdict(table, root, g.size)
+            if how == _SLOTTED:
+                moved[0] = _take_slotted(c, root, table, into if v[0] else None, entry, first)
             elif how == _AHEAD:
                 moved[0] = _take_ahead(c, root, table, into if v[0] else None,
                                        entry if then is not None else None)
@@ -401,7 +407,7 @@ def _goes_ahead(c, e, forced):
         # tensors (5.5 MB) 0.92x the copy by address's time, 100 tensors of 16 MiB in
         # all 0.93x, of 50 MiB 0.79x (paired rounds, benchmarks/results/small-messages.md)
         return True
-    return len(pieces) <= AHEAD_PIECES and sum(b.total for b in e.buckets) < AHEAD_MAX
+    return len(pieces) <= AHEAD_PIECES and e.nbytes < AHEAD_MAX
 
 
 def _slotted_ahead(c, npieces):
@@ -425,8 +431,10 @@ def _send_ahead(c, e, p, blocks):
     receiver copies its tensors straight out of them, where the rings would take a
     packed copy, then one copy per receiver into its ring, then one out of it and an
     unpacked one on every receiver (world 3 on 2 cores, 10 tensors of 238 KiB in all:
-    benchmarks/results/small-messages.md). The row goes first: a chunk that waits for
-    room in the slot waits for receivers that need the row to start copying."""
+    benchmarks/results/small-messages.md). The first chunk's position goes in the row
+    (its last 16 bytes), so a receiver takes one message fewer: the row waits for that
+    chunk, whose room was freed by earlier calls alone (a later chunk, which may wait
+    for receivers to copy out this call's first, goes after the row)."""
     row = p.row
     blocks[c.rank][:] = row
     recvs = [(q, blocks[q]) for q in range(c.size) if q != c.rank]
@@ -436,9 +444,8 @@ def _send_ahead(c, e, p, blocks):
     pieces, _, layout = e.stream()
     peers = [q for q, _ in recvs]
     s = c.slots
-    full = len(layout) + sum(b.total for b in e.buckets)
+    full = len(layout) + e.nbytes
     stream = e.byte_stream()
-    sends = [(q, row) for q in peers]
     lo, k = 0, len(layout)
     while True:                 # chunk by chunk: one, holding just the sizes, at least
         hi = min(full, lo + s.room)
@@ -450,11 +457,12 @@ def _send_ahead(c, e, p, blocks):
             s.gather(mem, stream, lo - k)
         del mem
         where = struct.pack("<qq", at, hi - lo)
-        c.exchange(sends=sends + [(q, where) for q in peers],
-                   recvs=recvs if hi == full else ())
+        if lo == 0:
+            where = row[:_AHEAD_BYTES] + where
+        c.exchange(sends=[(q, where) for q in peers], recvs=recvs if hi == full else ())
         if hi == full:
             return
-        sends, lo = [], hi
+        lo = hi
 
 
 _SUMS = {}              # piece sizes (bytes) -> _layout_sum, for the last few
@@ -522,20 +530,22 @@ def _take_ahead(c, root, table, into, entry):
     return False
 
 
-def _take_slotted(c, root, table, into, entry):
+def _take_slotted(c, root, table, into, entry, first):
     """A receiver's side of _send_ahead through the root's slot: the position of each
-    chunk, the first holding the pieces' sizes, then the pieces' bytes; copied into
-    this rank's tensors (straight, with its flat_state entry; else into()'s pieces,
-    then its finish()) where the structures agree (into is not None), else left
-    unread. Every chunk is released either way; whether this rank's state was
-    written."""
+    chunk (the first's, `first`, came in the root's row; the others' as messages), the
+    first holding the pieces' sizes, then the pieces' bytes; copied into this rank's
+    tensors (straight, with its flat_state entry; else into()'s pieces, then its
+    finish()) where the structures agree (into is not None), else left unread. Every
+    chunk is released either way; whether this rank's state was written."""
     n = struct.unpack_from("<I", table, root * _ROW + _AHEAD_N)[0]
     s = c.slots
-    where = bytearray(16)
+    where = first
     dest, finish = None, None
     full, pos = None, 0             # the chunks' bytes in all (sizes, then the pieces)
     while full is None or pos < full:
-        c.recv(root, where)
+        if full is not None:
+            where = bytearray(16)
+            c.recv(root, where)
         at, nbytes = struct.unpack("<qq", where)
         want = nbytes if full is None else min(s.room, full - pos)
         if nbytes != want or (full is None and nbytes < 8 * n):
@@ -545,13 +555,19 @@ def _take_slotted(c, root, table, into, entry):
         try:
             skip = 0
             if full is None:
-                sizes = np.frombuffer(mem[:8 * n], np.uint64).tolist()
-                full = 8 * n + sum(sizes)
+                sizes = mem[:8 * n].tobytes()
+                if into is not None and entry is not None and sizes == entry.stream()[2]:
+                    # a repeated sync: the sizes are this rank's own, read no further
+                    full = 8 * n + entry.nbytes
+                    dest = entry.byte_stream()
+                else:
+                    sizes = np.frombuffer(sizes, np.uint64).tolist()
+                    full = 8 * n + sum(sizes)
                 if nbytes != min(s.room, full):
                     raise s.disagree(f"{s.peer_desc(root)} put {nbytes} bytes in its "
                                      f"shared slot for broadcast_state's {full} in chunks "
                                      f"of {s.room}")
-                if into is not None:
+                if into is not None and dest is None:
                     dest, finish = _slotted_dest(into, entry, mem[:8 * n], sizes)
                 skip = 8 * n
             if dest is not None:
