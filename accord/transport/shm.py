@@ -132,6 +132,19 @@ SPIN_US = 200.0                      # spin this long before sleeping, where eve
                                      # CPU a call, 0.30 ms with 50.
 SPIN_ACK_US = 1000.0                 # ... and this long for a peer copying a single-copy send
 YIELDS = 8                           # sched_yield()s before sleeping, when oversubscribed
+YIELD_US = 50.0                      # ... and for at least this long where some core has
+                                     # a rank to itself (ranks fewer than twice the
+                                     # cores). A sleeper's core then goes idle and wakes
+                                     # slowly, and an EEVDF kernel's sched_yield hands the
+                                     # core over only once the peer there is owed time, so
+                                     # 8 yields may last a few µs: at 3 ranks on 2 cores a
+                                     # broadcast_state of 10 tensors took 0.83-0.90x the
+                                     # time with the window, the 64 KiB-1 MiB collectives
+                                     # 0.57-0.93x. Where every core is shared (4 on 2),
+                                     # sleeping sooner frees the core for its other rank:
+                                     # the window made the barrier and 1 MiB broadcast
+                                     # and scatter 1.1-1.3x slower there (paired rounds,
+                                     # benchmarks/results/small-messages.md)
 _SLICE_S = 0.25                      # longest single futex sleep
 DEFER_S = 0.002                      # longest a tagged single-copy message nobody asked
                                      # for waits in the ring (Link._defer)
@@ -703,6 +716,7 @@ class ShmTransport(Reports):
         # each, spin through that copy rather than pay a sleep and a wake-up after it
         self._spin_ack_s = SPIN_ACK_US * 1e-6 if size <= ncpu else 0.0
         self._yields = 0 if size <= ncpu else YIELDS
+        self._yield_s = YIELD_US * 1e-6 if ncpu < size < 2 * ncpu else 0.0
         self.spin_s = self._spin_s if plane else 0.0     # transport/p2p.py's callers
         self.spin_ack_s = self._spin_ack_s if plane else 0.0
         self.wait_now_max = _INLINE if self.spin_s else -1     # take_now(wait_s) spins
@@ -931,16 +945,19 @@ class ShmTransport(Reports):
         return left
 
     def _yield_for(self, recvs, stamp):
-        """More ranks than cores, every send of the step gone: hand the core over a few
-        times, taking each awaited message off its ring as it comes (the cheap look of
-        the lane, where the general path's loop would build records and look at every
-        link); the receives still missing after that, for the general path."""
-        for _ in range(self._yields):
+        """More ranks than cores, every send of the step gone: hand the core over
+        YIELDS times (and for YIELD_US where some core has a rank to itself), taking
+        each awaited message off its ring as it comes (the cheap look of the lane,
+        where the general path's loop would build records and look at every link); the
+        receives still missing after that, for the general path."""
+        end = time.perf_counter() + self._yield_s if self._yield_s else 0.0
+        n = 0
+        while True:
             os.sched_yield()
+            n += 1
             recvs = self._recvs_inline(recvs, stamp, False)
-            if not recvs:
-                break
-        return recvs
+            if not recvs or n >= self._yields and (not end or time.perf_counter() >= end):
+                return recvs
 
     def _recv_inline(self, peer, dest, stamp, spin=True):
         """Take a small awaited message straight off its ring, spinning for it briefly
@@ -1014,14 +1031,16 @@ class ShmTransport(Reports):
                     acking = self._spin_ack_s and any(s.seq and not s.done for s in sends)
                     spin_end = time.perf_counter() + (self._spin_ack_s if acking
                                                       else self._spin_s)
+                    yield_end = spin_end + self._yield_s
                     spins = 1
                     continue
-                if time.perf_counter() < spin_end:
+                now = time.perf_counter()
+                if now < spin_end:
                     spins += 1
                     if acking:
                         os.sched_yield()      # the long spin gives way to anyone runnable
                     continue
-                if spins <= self._yields:
+                if spins <= self._yields or now < yield_end:
                     # more ranks than cores: hand the core to a peer (which may be the one
                     # we wait for) a few times before paying for a sleep and a wake-up
                     spins += 1
@@ -1098,15 +1117,17 @@ class ShmTransport(Reports):
         if not waiting:
             return
         spin_end = time.perf_counter() + self._spin_s
+        yield_end = spin_end + self._yield_s
         yields = 0
         try:
             while True:
                 waiting = [w for w in waiting if q[w[1]] < w[2]]
                 if not waiting:
                     return
-                if time.perf_counter() < spin_end:
+                now = time.perf_counter()
+                if now < spin_end:
                     continue
-                if yields < self._yields:
+                if yields < self._yields or now < yield_end:
                     yields += 1
                     os.sched_yield()
                     continue
@@ -1143,6 +1164,7 @@ class ShmTransport(Reports):
                         if p in dead or q[self.links[p].peer_departed_i] == 1:
                             raise self._gone(p, p not in dead)
                 yields = 0
+                yield_end = time.perf_counter() + self._yield_s
         finally:
             if self.q is not None:
                 q[want_i] = 0
