@@ -12,10 +12,11 @@ about 10 MiB (sizes from 0.5 KiB to 128 KiB: where per-call costs dominate):
 - the same loop inside `with accord.coalescing():`
 - for t in sd.values(): torch.distributed.broadcast(t)   (torch's gloo backend)
 
-All of them run in the same processes, interleaved (each round starting one method later), each timed `--repeat` times
-after two warm-up rounds; a round's time is the slowest rank's (barrier
-before, max over ranks after) for --calls back-to-back calls, divided by
---calls; the table shows the median. Each world size is one `accord run -n N`
+All of them run in the same processes, interleaved (each round starting one
+method later, and resting 0.1 s after gloo's loop, whose aftermath slowed the
+next method), each timed `--repeat` times after two warm-up rounds; a round's
+time is the slowest rank's (barrier before, max over ranks after) for --calls
+back-to-back calls, divided by --calls; the table shows the median. Each world size is one `accord run -n N`
 of this file with --worker.
 
 --calls (default 1; 10 with --small): one call alone after a barrier also
@@ -85,6 +86,7 @@ def worker(repeat, small=False, calls=1):
 
 
 CONFIGS = [(100, 50 * MiB), (1000, 10 * MiB)]
+GLOO_SETTLE_S = 0.1     # rest after gloo's loop before the next method (see run_config)
 SMALL_CONFIGS = [(n, (128, 128 << 10)) for n in (10, 30, 81, 300)]
 
 
@@ -149,8 +151,13 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
     import numpy as np
     slowest = np.zeros(1)
     for it in range(repeat + 2):
-        # each round starts one method later: whichever follows gloo's loop meets gloo's
-        # threads still winding down (half a millisecond here), and none should always
+        # each round starts one method later (the machine's speed drifts; none is always
+        # timed first). A rotation keeps the cyclic order, so the method after gloo's loop
+        # would always be the same one: on 2 cores, 3 ranks, 10 small tensors, that one
+        # (broadcast_state) took 75-226 us a sync right after gloo's loop and 78-89 us
+        # after another method, while the scheduler's view of the ranks settled (tens of
+        # ms: GLOO_SETTLE_S of sleep after gloo's loop brings it to 74-94 us), so every
+        # round rests that long after gloo's loop
         for name, fn in methods[it % len(methods):] + methods[:it % len(methods)]:
             reset()
             accord.barrier()
@@ -163,6 +170,8 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
                 times[name].append(float(slowest[0]))
             if it == 0:
                 (check_one if fn is one else check)(name)
+            if fn is gloo:
+                time.sleep(GLOO_SETTLE_S)
     if rank == 0:
         print("RESULT " + json.dumps({"world": world, "nbytes": nbytes, "tensors": n,
                                       "calls": calls, "times": times}), flush=True)
