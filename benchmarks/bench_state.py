@@ -16,7 +16,8 @@ All of them run in the same processes, interleaved (each round starting one
 method later, and resting 0.1 s after gloo's loop, whose aftermath slowed the
 next method), each timed `--repeat` times after two warm-up rounds; a round's
 time is the slowest rank's (barrier before, max over ranks after) for --calls
-back-to-back calls, divided by --calls; the table shows the median. Each world size is one `accord run -n N`
+back-to-back calls, divided by --calls (with --calls 10 or more, a tenth as
+many run untimed just before), and the table shows the median. Each world size is one `accord run -n N`
 of this file with --worker.
 
 --calls (default 1; 10 with --small): one call alone after a barrier also
@@ -157,9 +158,14 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
         # (broadcast_state) took 75-226 us a sync right after gloo's loop and 78-89 us
         # after another method, while the scheduler's view of the ranks settled (tens of
         # ms: GLOO_SETTLE_S of sleep after gloo's loop brings it to 74-94 us), so every
-        # round rests that long after gloo's loop
+        # round rests that long after gloo's loop; and with --calls 10 or more a tenth
+        # of them go untimed first, so that no block starts from a rest or another
+        # method's caches
         for name, fn in methods[it % len(methods):] + methods[:it % len(methods)]:
             reset()
+            if it and calls >= 10:
+                for _ in range(calls // 10):
+                    fn()
             accord.barrier()
             t0 = time.perf_counter()
             for _ in range(calls):
