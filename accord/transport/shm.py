@@ -138,13 +138,13 @@ YIELD_US = 50.0                      # ... and for at least this long where some
                                      # slowly, and an EEVDF kernel's sched_yield hands the
                                      # core over only once the peer there is owed time, so
                                      # 8 yields may last a few µs: at 3 ranks on 2 cores a
-                                     # broadcast_state of 10 tensors took 0.83-0.90x the
+                                     # broadcast_state of 10 tensors took 0.89-0.93x the
                                      # time with the window, the 64 KiB-1 MiB collectives
-                                     # 0.57-0.93x. Where every core is shared (4 on 2),
+                                     # 0.56-0.99x. Where every core is shared (4 on 2),
                                      # sleeping sooner frees the core for its other rank:
                                      # the window made the barrier and 1 MiB broadcast
-                                     # and scatter 1.1-1.3x slower there (paired rounds,
-                                     # benchmarks/results/small-messages.md)
+                                     # and scatter 1.15-1.34x slower there (paired
+                                     # rounds, benchmarks/results/small-messages.md)
 _SLICE_S = 0.25                      # longest single futex sleep
 DEFER_S = 0.002                      # longest a tagged single-copy message nobody asked
                                      # for waits in the ring (Link._defer)
