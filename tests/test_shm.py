@@ -607,3 +607,48 @@ def test_point_to_point_has_its_own_single_copy_threshold():
     assert (own.shm_cma_min, own.shm_p2p_cma_min) == (4 << 10, 2 << 20)
     with pytest.raises(ValueError, match="ACCORD_SHM_P2P_CMA must be a byte count"):
         Options.from_env({"ACCORD_SHM_P2P_CMA": "lots"})
+
+
+def test_how_a_rank_waits_depends_on_ranks_per_core():
+    from accord.transport.shm import SPIN_ACK_US, SPIN_US, YIELD_US, YIELDS, waiting
+    # a core each: spin, then sleep
+    assert waiting(2, 2) == (SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0)
+    assert waiting(8, 16) == (SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0)
+    # some core holds a rank alone: yield a few times and for a while (its core would
+    # go idle if it slept)
+    assert waiting(3, 2) == (0.0, 0.0, YIELDS, YIELD_US * 1e-6)
+    assert waiting(7, 4) == (0.0, 0.0, YIELDS, YIELD_US * 1e-6)
+    # every core shared: yield a few times only, and leave the core to its other rank
+    assert waiting(4, 2) == (0.0, 0.0, YIELDS, 0.0)
+    assert waiting(8, 2) == (0.0, 0.0, YIELDS, 0.0)
+
+
+def _wait_for_slow_peer(rank, world, pause):
+    # three ranks on two cores: the waiters yield for a while, then must sleep
+    os.sched_setaffinity(0, {0, 1})
+    dist.init_process_group()
+    window = _transport()._yield_s
+    x = np.full(4, rank + 1.0)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(pause)
+    c0, t0 = time.process_time(), time.monotonic()
+    dist.all_reduce(x)
+    cpu, wall = time.process_time() - c0, time.monotonic() - t0
+    dist.destroy_process_group()
+    return window, x.tolist(), cpu, wall
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                    reason="needs CPUs 0 and 1")
+def test_three_ranks_on_two_cores_wait_for_a_slow_peer_asleep():
+    pause = 0.5
+    res = run_ranks(3, _wait_for_slow_peer, pause, env=SHM, init=False, timeout=60)
+    for rank, (window, x, cpu, wall) in enumerate(res):
+        assert window > 0, "3 ranks on 2 cores: the yield window should apply"
+        assert x == [6.0] * 4
+        if rank != 1:
+            assert wall > pause / 2             # it did wait for rank 1
+            # the window is microseconds: a waiter that kept spinning through the
+            # pause would burn most of it
+            assert cpu < pause / 5, f"rank {rank} burned {cpu:.3f} s of CPU waiting"

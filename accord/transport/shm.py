@@ -673,6 +673,20 @@ class _Link(StashMatching):
         return self.t.q[self.i_head_i] != self.i_tail
 
 
+def waiting(size: int, ncpu: int):
+    """How a rank of `size` ranks on `ncpu` cores waits before it sleeps: (seconds to
+    spin, seconds to spin for a peer copying a single-copy send, sched_yield()s, and
+    the least seconds to go on yielding).
+
+    With a core each it spins (SPIN_US; SPIN_ACK_US through a peer's copy, rather than
+    pay a sleep and a wake-up after it). With more ranks than cores a spinning rank
+    takes the core its peer needs: it yields YIELDS times instead, and for YIELD_US
+    where some core still has a rank to itself (fewer ranks than twice the cores)."""
+    if size <= ncpu:
+        return SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0
+    return 0.0, 0.0, YIELDS, (YIELD_US * 1e-6 if size < 2 * ncpu else 0.0)
+
+
 class ShmTransport(Reports):
     """The shared-memory links of one group member to every other member."""
     medium = "shared memory"
@@ -710,13 +724,7 @@ class ShmTransport(Reports):
         self._pid = os.getpid()
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
-        # more ranks than cores: a spinning rank takes the core its peer needs
-        self._spin_s = SPIN_US * 1e-6 if size <= ncpu else 0.0
-        # a single-copy send completes when the peer has copied it out: with a core
-        # each, spin through that copy rather than pay a sleep and a wake-up after it
-        self._spin_ack_s = SPIN_ACK_US * 1e-6 if size <= ncpu else 0.0
-        self._yields = 0 if size <= ncpu else YIELDS
-        self._yield_s = YIELD_US * 1e-6 if ncpu < size < 2 * ncpu else 0.0
+        self._spin_s, self._spin_ack_s, self._yields, self._yield_s = waiting(size, ncpu)
         self.spin_s = self._spin_s if plane else 0.0     # transport/p2p.py's callers
         self.spin_ack_s = self._spin_ack_s if plane else 0.0
         self.wait_now_max = _INLINE if self.spin_s else -1     # take_now(wait_s) spins
