@@ -610,17 +610,17 @@ def test_point_to_point_has_its_own_single_copy_threshold():
 
 
 def test_how_a_rank_waits_depends_on_ranks_per_core():
-    from accord.transport.shm import SPIN_ACK_US, SPIN_US, YIELD_US, YIELDS, waiting
+    from accord.transport.shm import SPIN_ACK_US, SPIN_US, YIELD_US, YIELDS, wait_policy
     # a core each: spin, then sleep
-    assert waiting(2, 2) == (SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0)
-    assert waiting(8, 16) == (SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0)
+    assert wait_policy(2, 2) == (SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0)
+    assert wait_policy(8, 16) == (SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0)
     # some core holds a rank alone: yield a few times and for a while (its core would
     # go idle if it slept)
-    assert waiting(3, 2) == (0.0, 0.0, YIELDS, YIELD_US * 1e-6)
-    assert waiting(7, 4) == (0.0, 0.0, YIELDS, YIELD_US * 1e-6)
+    assert wait_policy(3, 2) == (0.0, 0.0, YIELDS, YIELD_US * 1e-6)
+    assert wait_policy(7, 4) == (0.0, 0.0, YIELDS, YIELD_US * 1e-6)
     # every core shared: yield a few times only, and leave the core to its other rank
-    assert waiting(4, 2) == (0.0, 0.0, YIELDS, 0.0)
-    assert waiting(8, 2) == (0.0, 0.0, YIELDS, 0.0)
+    assert wait_policy(4, 2) == (0.0, 0.0, YIELDS, 0.0)
+    assert wait_policy(8, 2) == (0.0, 0.0, YIELDS, 0.0)
 
 
 def _wait_for_slow_peer(rank, world, pause):

@@ -673,7 +673,7 @@ class _Link(StashMatching):
         return self.t.q[self.i_head_i] != self.i_tail
 
 
-def waiting(size: int, ncpu: int):
+def wait_policy(size: int, ncpu: int):
     """How a rank of `size` ranks on `ncpu` cores waits before it sleeps: (seconds to
     spin, seconds to spin for a peer copying a single-copy send, sched_yield()s, and
     the least seconds to go on yielding).
@@ -724,7 +724,7 @@ class ShmTransport(Reports):
         self._pid = os.getpid()
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
-        self._spin_s, self._spin_ack_s, self._yields, self._yield_s = waiting(size, ncpu)
+        self._spin_s, self._spin_ack_s, self._yields, self._yield_s = wait_policy(size, ncpu)
         self.spin_s = self._spin_s if plane else 0.0     # transport/p2p.py's callers
         self.spin_ack_s = self._spin_ack_s if plane else 0.0
         self.wait_now_max = _INLINE if self.spin_s else -1     # take_now(wait_s) spins
