@@ -17,8 +17,8 @@ method later, and resting 0.1 s after gloo's loop, whose aftermath slowed the
 next method), each timed `--repeat` times after two warm-up rounds; a round's
 time is the slowest rank's (barrier before, max over ranks after) for --calls
 back-to-back calls, divided by --calls (with --calls 10 or more, a tenth as
-many run untimed just before), and the table shows the median. Each world size is one `accord run -n N`
-of this file with --worker.
+many run untimed just before), and the table shows the median. Each world size
+is one `accord run -n N` of this file with --worker.
 
 --calls (default 1; 10 with --small): one call alone after a barrier also
 times the barrier's wake-up (the last rank to arrive wakes the others, which
@@ -156,11 +156,11 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
         # timed first). A rotation keeps the cyclic order, so the method after gloo's loop
         # would always be the same one: on 2 cores, 3 ranks, 10 small tensors, that one
         # (broadcast_state) took 75-226 us a sync right after gloo's loop and 78-89 us
-        # after another method, while the scheduler's view of the ranks settled (tens of
-        # ms: GLOO_SETTLE_S of sleep after gloo's loop brings it to 74-94 us), so every
-        # round rests that long after gloo's loop; and with --calls 10 or more a tenth
-        # of them go untimed first, so that no block starts from a rest or another
-        # method's caches
+        # after another method; the effect lasts some tens of ms (why is not known:
+        # GLOO_SETTLE_S of sleep after gloo's loop brings it to 74-94 us, 20 ms does
+        # not), so every round rests that long after gloo's loop; and with --calls 10
+        # or more a tenth of them go untimed first, so that no block starts from a
+        # rest or another method's caches
         for name, fn in methods[it % len(methods):] + methods[:it % len(methods)]:
             reset()
             if it and calls >= 10:
