@@ -613,7 +613,8 @@ def waited_on(message, rank=None):
     data from (or, if none, whom it waited to send to: a send blocked across a cut
     names the other side too); an error another rank reported to it (the text starts
     with that rank) names the reporter, whose own error says the rest. A point-to-point
-    timeout names the peer it expected a message from, or that did not take one."""
+    timeout names the peer it expected a message from (or whose message stopped
+    arriving half way), or that did not take one."""
     import re
     if rank is not None:
         m = re.search(rf"^\s*rank {rank}: waiting in .*\(on rank (\d+)\)", message, re.M)
@@ -626,6 +627,7 @@ def waited_on(message, rank=None):
          or re.search(r"waiting to send to rank (\d+)", message)
          # point to point: an irecv or isend of the soak's ring that timed out
          or re.search(r"no message with tag -?\d+ arrived from rank (\d+)", message)
+         or re.search(r"the message from rank (\d+) stopped arriving", message)
          or re.search(r"rank (\d+) did not take the message", message))
     return int(m.group(1)) if m else None
 

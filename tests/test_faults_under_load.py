@@ -106,3 +106,9 @@ def test_blame_follows_who_waited_on_whom():
              "rank 3 did not take the message (is it receiving from this rank with the same "
              "tag and group?)")
     assert soak.waited_on(isend, 2) == 3
+    # a receive whose message was cut off half way (the partition fell inside it)
+    cut = ("rank 0: irecv from rank 3 (tag 60, 1896292 bytes, group 'default'): Timed out "
+           "after 4 s: the message from rank 3 stopped arriving after 195448 of 1896292 "
+           "bytes (nothing more came for 4 s: is that rank stopped, or the network between "
+           "them dropping packets?); point-to-point with it is over")
+    assert soak.waited_on(cut, 0) == 3
