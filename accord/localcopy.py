@@ -71,12 +71,7 @@ def helper_on():
     return stream_copy is not None and os.environ.get("ACCORD_COPY_HELPER", "1").strip() != "0"
 
 
-def streaming():
-    """Whether large copies stream: the helper is built and not turned off."""
-    return helper_on()
-
-
-_STREAMING = streaming()
+_STREAMING = helper_on()      # large copies stream
 
 
 def copy_into(dst, src):

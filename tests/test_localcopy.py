@@ -61,7 +61,7 @@ def test_copy_into_streams_large_contiguous_pairs_and_copies_the_rest(monkeypatc
     strided = np.zeros((2048, 2), np.float32)[:, 0]
     localcopy.copy_into(strided, big)                # not contiguous: numpy
     assert (out == big).all() and (small == big[:10]).all() and (strided == big).all()
-    if localcopy.built() and localcopy.streaming():
+    if localcopy.built() and localcopy.helper_on():
         assert calls == [8192]
     with pytest.raises(TypeError, match="rule 'no'"):
         localcopy.copy_into(np.zeros(2048, np.float64), big)    # as np.copyto(casting="no")
@@ -80,7 +80,7 @@ def test_stream_min_is_half_the_largest_cache_at_least_4_mib(tmp_path):
 
 
 def test_accord_copy_helper_0_turns_streaming_off():
-    code = "from accord import localcopy; print(localcopy.streaming())"
+    code = "from accord import localcopy; print(localcopy.helper_on())"
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, ACCORD_COPY_HELPER="0"), timeout=60)
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -369,7 +369,7 @@ def check_kernel(r):
     r.line("INFO", "large local copies: " + (
         f"streamed by the C helper from {mib} MiB (and a buffer to or from many tensors "
         f"copied by it; large messages into shared memory streamed where timed faster)"
-        if localcopy.streaming() else
+        if localcopy.helper_on() else
         "numpy's copy (C helper compiled, off: ACCORD_COPY_HELPER=0)" if localcopy.built()
         else "numpy's copy (the optional C helper was not built: no C compiler when accord "
              "was installed)"))

@@ -958,13 +958,13 @@ class ShmTransport(Reports):
         each awaited message off its ring as it comes (the cheap look of the lane,
         where the general path's loop would build records and look at every link); the
         receives still missing after that, for the general path."""
-        end = time.perf_counter() + self._yield_s if self._yield_s else 0.0
+        end = time.perf_counter() + self._yield_s
         n = 0
         while True:
             os.sched_yield()
             n += 1
             recvs = self._recvs_inline(recvs, stamp, False)
-            if not recvs or n >= self._yields and (not end or time.perf_counter() >= end):
+            if not recvs or n >= self._yields and time.perf_counter() >= end:
                 return recvs
 
     def _recv_inline(self, peer, dest, stamp, spin=True):
