@@ -441,7 +441,7 @@ def _send_ahead(c, e, p, blocks):
     if p.ahead == _AHEAD:
         c.exchange(sends=p.sends, recvs=recvs)
         return
-    pieces, _, layout = e.stream()
+    layout = e.stream()[2]
     peers = [q for q, _ in recvs]
     s = c.slots
     full = len(layout) + e.nbytes
