@@ -1,6 +1,7 @@
 """A repeated broadcast_state of 300 small tensors at two ranks, beside what the machine reads at the time.
 
     .venv/bin/python benchmarks/state_stretch.py [--rounds 12] [--tensors 300]
+        [--blocks 10] [--calls 100]
 
 Each round first runs benchmarks/shared_write_floor.py for one second (two
 processes pinned to CPUs 0 and 1, no accord: the median time of a 1 MiB memcpy
@@ -63,7 +64,7 @@ def worker(tensors, blocks=10, calls=100):
     slowest = np.zeros(1)
     for block in range(blocks + 1):
         for name, fn in (("state", state), ("one", one), ("check", check)):
-            for _ in range(calls // 10):
+            for _ in range(max(1, calls // 10)):
                 fn()
             accord.barrier()
             t0 = time.perf_counter()
@@ -93,16 +94,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--tensors", type=int, default=300)
+    ap.add_argument("--blocks", type=int, default=10, help="timed blocks a round (default 10)")
+    ap.add_argument("--calls", type=int, default=100, help="calls a block (default 100)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.tensors)
+        worker(args.tensors, args.blocks, args.calls)
         return
     accord_cmd = [sys.executable, "-m", "accord", "run", "-n", "2", os.path.abspath(__file__),
-                  "--worker", "--tensors", str(args.tensors)]
+                  "--worker", "--tensors", str(args.tensors), "--blocks", str(args.blocks),
+                  "--calls", str(args.calls)]
     print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print(f"| round | memcpy µs/MiB | streaming µs/MiB | broadcast_state µs | "
-          f"one broadcast µs | + µs | check µs |")
+    print("| round | memcpy µs/MiB | streaming µs/MiB | broadcast_state µs | "
+          "one broadcast µs | + µs | check µs |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in range(args.rounds):
         memcpy, stream = probe()

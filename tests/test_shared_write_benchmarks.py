@@ -38,3 +38,19 @@ def test_each_way_of_writing_gets_its_blocks_and_its_row():
                       out.stdout, re.M)
     assert [m for m, *_ in rows] == ["memcpy", "stream", "timed"] * 2
     assert all(float(t) > 0 for _, t, _, _ in rows)
+
+
+@pytest.mark.skipif(shared_write.stream_copy is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs the copy helper and two CPUs")
+def test_state_stretch_prints_the_probe_beside_each_round():
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "state_stretch.py"), "--rounds",
+                          "2", "--tensors", "12", "--blocks", "1", "--calls", "5"],
+                         capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| "
+                      r"([+-][\d.]+) \| ([\d.]+) \|$", out.stdout, re.M)
+    assert [int(r[0]) for r in rows] == [0, 1]
+    for _, memcpy, stream, state, one, more, check in rows:
+        assert min(map(float, (memcpy, stream, state, one, check))) > 0
+        assert abs(float(state) - float(one) - float(more)) < 0.11
