@@ -41,6 +41,17 @@ GOODBYE_S = 0.5
 _SENT = Outcome.settled()        # every send over within its isend call (it holds no state)
 
 
+def _record_end(entry, exc):
+    """A posted point-to-point operation is over (exc: its error, or None): its flight
+    recorder entry says so (the engine's on_done, called with the entry)."""
+    entry[T_END] = _now()
+    if exc is None:
+        entry[STATE] = DONE
+    else:
+        entry[STATE] = FAILED
+        entry[ERROR] = f"{type(exc).__name__}: {exc}"
+
+
 class ProcessGroup:
     """A group of ranks that run collectives together, as torch's ProcessGroup.
 
@@ -129,24 +140,21 @@ class ProcessGroup:
         """A point-to-point operation ready for post_p2p (peer: group rank or None).
         entry: its flight-recorder entry, if p2p_entry() made it already."""
         timeout = self.timeout if timeout is None else timeout
-
-        def desc():             # made only for a message: most operations never need it
-            if peer is None:
-                text = f"{opname} from any rank"
-            else:
-                text = f"{opname} {'to' if is_send else 'from'} {self.describe_rank(peer)}"
-            return text + f" (tag {tag}, {len(view)} bytes, group {self.name!r})"
         if entry is None:
             entry = self.p2p_entry(opname, peer, len(view))
+        # its description is made only for a message (most operations never need one)
+        return Pending(is_send, peer, view, tag, timeout,
+                       (self.p2p_text, opname, is_send, peer, tag, len(view)), finish,
+                       _record_end, entry)
 
-        def on_done(exc):
-            entry[debug.T_END] = time.time()
-            if exc is None:
-                entry[debug.STATE] = debug.DONE
-            else:
-                entry[debug.STATE] = debug.FAILED
-                entry[debug.ERROR] = f"{type(exc).__name__}: {exc}"
-        return Pending(is_send, peer, view, tag, timeout, desc, finish, on_done)
+    def p2p_text(self, opname, is_send, peer, tag, nbytes):
+        """'isend to rank 1 (tag 0, 8 bytes, group 'default')': a point-to-point
+        operation in messages (peer: group rank, or None for any source)."""
+        if peer is None:
+            text = f"{opname} from any rank"
+        else:
+            text = f"{opname} {'to' if is_send else 'from'} {self.describe_rank(peer)}"
+        return text + f" (tag {tag}, {nbytes} bytes, group {self.name!r})"
 
     def p2p_entry(self, opname, peer, nbytes):
         """The flight recorder's entry of a point-to-point call, running from now."""
@@ -176,8 +184,8 @@ class ProcessGroup:
             if peer is None:
                 rec = eng.take_any(view, tag, eng.spin_s)
             else:
-                rec, op = eng.try_now(is_send, peer, view, tag, eng.spin_s, lambda rec: self.p2p_op(
-                    opname, is_send, peer, view, tag, timeout, finish, entry))
+                rec, op = eng.try_now(is_send, peer, view, tag, eng.spin_s, (
+                    self.p2p_op, opname, is_send, peer, view, tag, timeout, finish, entry))
         except AccordError as e:
             self._p2p_failed(entry, e)
             raise
@@ -211,8 +219,8 @@ class ProcessGroup:
             if peer is None:
                 rec = eng.take_any(view, tag, 0.0)
             else:
-                rec, op = eng.start_now(is_send, peer, view, tag, lambda rec: self.p2p_op(
-                    opname, is_send, peer, view, tag, timeout, finish, entry))
+                rec, op = eng.start_now(is_send, peer, view, tag, (
+                    self.p2p_op, opname, is_send, peer, view, tag, timeout, finish, entry))
         except AccordError as e:
             self._p2p_failed(entry, e)
             raise

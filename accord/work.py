@@ -120,9 +120,10 @@ class Work:
     __slots__ = ("_future", "_desc", "_group", "_waiter", "_cf")
 
     def __init__(self, future: Union[concurrent.futures.Future, Outcome],
-                 desc: Union[str, Callable[[], str]] = "",
+                 desc: Union[str, Callable[[], str], tuple] = "",
                  group: Any = None, waiter: Any = None) -> None:
-        # desc: text, or what makes it (only a timeout message or repr() needs it)
+        # desc: text, or what makes it (only a timeout message or repr() needs it): a
+        # callable, or (fn, *args) for fn(*args)
         self._future, self._desc, self._group = future, desc, group
         # point to point: waiter(outcome, seconds) waits while progressing the messages
         self._waiter = waiter
@@ -130,7 +131,9 @@ class Work:
 
     def _description(self):
         d = self._desc
-        return d if d.__class__ is str else d()
+        if d.__class__ is str:
+            return d
+        return d[0](*d[1:]) if d.__class__ is tuple else d()
 
     def wait(self, timeout: Timeout = None) -> bool:
         """Block until done; re-raise the operation's error. Returns True."""

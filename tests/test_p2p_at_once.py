@@ -256,3 +256,43 @@ def test_a_receive_left_to_the_engine_after_another_was_waited_on_does_not_stall
     a, b, late = out[1]
     assert (a, b) == ([299.0] * 2, [-299.0] * 2)
     assert len(late) <= 1, late
+
+
+def _posted(rank, world, transport):
+    # receives posted before their message is sent: the engine finishes them, and each
+    # must still say what it is (its Work's repr, a timeout's message) and close its
+    # flight recorder entry, done or failed
+    if rank == 0:
+        dist.barrier()
+        dist.send(np.arange(4, dtype=np.float32), dst=1, tag=9)
+        dist.barrier()
+        return None
+    got = np.zeros(4, np.float32)
+    w = dist.irecv(got, src=0, tag=9)
+    posted = not w.is_completed()
+    described = repr(w)
+    dist.barrier()
+    w.wait()
+    done = _last("irecv")
+    lone = dist.irecv(np.zeros(2), src=0, tag=11, timeout=0.3)      # never sent
+    try:
+        lone.wait()
+        timed_out = "no error"
+    except dist.CommTimeout as e:
+        timed_out = str(e)
+    failed = _last("irecv")
+    dist.barrier()
+    return (posted, described, got.tolist(), done["state"], done["t_end"] is not None,
+            timed_out, failed["state"], failed["error"] or "")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_posted_receive_is_described_and_recorded(transport):
+    out = run_ranks(2, _posted, transport, timeout=40, env={"ACCORD_TRANSPORT": transport})
+    posted, described, got, state, ended, timed_out, failed_state, error = out[1]
+    assert posted
+    assert "irecv from rank 0 (tag 9, 16 bytes" in described, described
+    assert got == [0.0, 1.0, 2.0, 3.0]
+    assert (state, ended) == ("done", True)
+    assert "irecv from rank 0 (tag 11, 16 bytes" in timed_out, timed_out
+    assert failed_state == "failed" and error.startswith("CommTimeout"), error

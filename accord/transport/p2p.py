@@ -56,17 +56,22 @@ class Pending(Outcome):
     """One posted send or receive, from post() to its outcome (it is its own future:
     done(), result(), wait(); the sender's global rank for a receive)."""
     __slots__ = ("is_send", "peer", "view", "tag", "deadline", "timeout", "rec",
-                 "finish", "_desc", "on_done", "over", "filled")
+                 "finish", "_desc", "on_done", "entry", "over", "filled")
 
-    def __init__(self, is_send, peer, view, tag, timeout, desc, finish=None, on_done=None):
+    def __init__(self, is_send, peer, view, tag, timeout, desc, finish=None, on_done=None,
+                 entry=None):
         Outcome.__init__(self)
         self.is_send, self.peer, self.view, self.tag = is_send, peer, view, tag
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.rec = None          # the medium's send record, a Recv, or any-source rivals
         self.finish = finish     # run once the bytes are in (copy back a staged buffer)
-        self._desc = desc        # "isend to rank 1 (tag 0, ...)", or what makes it
-        self.on_done = on_done   # on_done(exc or None): the flight recorder's entry
+        # "isend to rank 1 (tag 0, ...)", or (fn, *args) that makes it: a tuple, not a
+        # closure, since an operation's cells would be so many more objects for the
+        # garbage collector to count and scan while a window of them is outstanding
+        self._desc = desc
+        # on_done(entry, exc or None) once it is over: the flight recorder's entry
+        self.on_done, self.entry = on_done, entry
         # settled (its outcome is set or about to be): what the engine reads on every
         # pass over its operations
         self.over = False
@@ -76,7 +81,9 @@ class Pending(Outcome):
     def desc(self):
         """What the operation is, for messages: "irecv from rank 2 (tag 5, 64 bytes, ...)"."""
         d = self._desc
-        if d.__class__ is not str:
+        if d.__class__ is tuple:
+            d = self._desc = d[0](*d[1:])
+        elif d.__class__ is not str:
             d = self._desc = d()
         return d
 
@@ -156,7 +163,7 @@ class Engine:
         Where nothing else is posted on this group, the operation starts at once and
         the caller moves its link for up to spin_s. Returns (record, None) when it is
         done there (a receive's record may carry its error: a size mismatch), or
-        (None, op) when it must wait: then make_op(record) built the Pending, which
+        (None, op) when it must wait: then make_op built the Pending (see _adopt), which
         the engine has adopted, started as it is, before anyone else could touch the
         link (the caller waits on op). (None, None): the plane is busy or
         closed; nothing was started, post the operation. Raises the link's failure
@@ -216,7 +223,7 @@ class Engine:
         it waits to be started (operations under way are no obstacle: a window of
         receives posts each one straight on its link, in order). Returns (record,
         None) when it is done (a receive's record may carry its error), (None, op)
-        when it is under way (make_op(record) built the Pending, which the engine
+        when it is under way (make_op built the Pending, see _adopt, which the engine
         adopted, started as it is), or (None, None) where it could not start: post
         the operation. Sends and receives reach the link in the order of the calls,
         as post() would start them."""
@@ -257,9 +264,11 @@ class Engine:
         return None, op
 
     def _adopt(self, make_op, rec):
-        """(Under _busy.) The Pending make_op(rec) builds for an operation a caller
-        started (rec: its record), taken on by the engine as it is."""
-        op = make_op(rec)
+        """(Under _busy.) The Pending for an operation a caller started (rec: its
+        record), taken on by the engine as it is. make_op: (fn, *args), fn(*args)
+        building it: a tuple where a closure would hold a cell for each argument,
+        made on every call and seldom used (most operations are over at once)."""
+        op = make_op[0](*make_op[1:])
         op.rec = rec
         self._ops.append(op)
         return op
@@ -620,7 +629,7 @@ class Engine:
         except BaseException as e:
             return self._fail(op, e)
         if op.on_done is not None:
-            op.on_done(None)
+            op.on_done(op.entry, None)
         op.set_result(value)
 
     def _fail(self, op, exc):
@@ -628,7 +637,7 @@ class Engine:
             return
         op.over = True
         if op.on_done is not None:
-            op.on_done(exc)
+            op.on_done(op.entry, exc)
         op.set_exception(exc)
 
     def _lose(self, peer, exc):
