@@ -205,3 +205,37 @@ def test_recorder_keeps_the_last_calls_in_a_ring_that_is_full_from_the_start():
     assert r.as_dicts()[0]["where"] == "train.py:3" and r.as_dicts()[0]["state"] == DONE
     assert r.find(7)[SEQ] == 7 and r.find(5) is None
     assert r.added == 10
+
+
+def test_recorder_rewrites_done_entries_and_leaves_running_ones_alone():
+    # a call still running (a receive waiting on a slow peer) keeps its entry while
+    # later calls go round the ring; a done one's list is rewritten for a new call, so
+    # a long loop of calls leaves nothing for the garbage collector
+    import gc
+    from accord.debug.recorder import DONE, FAILED, RUNNING, SEQ, STATE, T_END, Recorder
+    r = Recorder(size=4)
+    blanks = [id(e) for e in r.entries]
+    slow = r.add(0, "irecv", 1, "", 8, None, "halo.py:7")
+    slow[STATE] = RUNNING
+    failed = r.add(1, "all_reduce", -1, "float32", 4, (4,), "train.py:3")
+    failed[STATE] = FAILED
+    for seq in range(2, 12):
+        e = r.add(seq, "broadcast", 0, "float32", 2, (2,), "train.py:5")
+        e[T_END] = 1.0
+        e[STATE] = DONE
+        r.last_done = e
+    assert slow[SEQ] == 0 and slow[STATE] == RUNNING        # its record intact
+    assert failed[SEQ] == 1 and failed[STATE] == FAILED
+    assert [d["seq"] for d in r.as_dicts()] == [8, 9, 10, 11]
+    assert all(d["t_issue"] is None and d["error"] is None for d in r.as_dicts())
+    # the two blanks the first calls did not take, and the lists of done calls,
+    # went round again: every entry now is one of the ring's own lists but two
+    assert sum(id(e) in blanks for e in r.entries) == 2
+    gc.collect()                     # every entry now in the collector's oldest generation
+    for seq in range(12, 1012):
+        e = r.add(seq, "broadcast", 0, "float32", 2, (2,), "train.py:5")
+        e[STATE] = DONE
+        r.last_done = e
+    young = {id(o) for o in gc.get_objects(generation=0)}
+    assert not any(id(e) in young for e in r.entries)        # no list made per call
+    assert [d["seq"] for d in r.as_dicts()] == [1008, 1009, 1010, 1011]

@@ -1,7 +1,7 @@
 """The flight recorder: the last calls of each group, dumped when something fails.
 
 `Recorder` keeps the last RECORD calls of a group (a deque of small lists,
-cheap to build on the per-call path). Dumped as JSON to ACCORD_TRACE_DIR on a
+made when the group is and rewritten in place call after call). Dumped as JSON to ACCORD_TRACE_DIR on a
 timeout, on any communication error, and on SIGUSR1; `accord debug analyze
 DIR` (cli/debug.py) reads the dumps of every rank and prints the first call
 where they diverge. Also here: the "accord" logger and ACCORD_DEBUG's handler.
@@ -46,10 +46,29 @@ class Recorder:
         self.last_done = None        # the last entry completed
 
     def add(self, seq, op, root, dtype, count, shape, where):
-        # a fresh list (reusing the oldest in place costs more than this); the one it
-        # pushes out is freed, and the next entry takes its memory
-        e = [seq, op, root, dtype, count, shape, where, None, None, None, ISSUED, None]
-        self.entries.append(e)
+        # the oldest entry, rewritten in place: blank, or done (nothing writes to an
+        # entry once it says so). A fresh list a call lived through RECORD more calls,
+        # long enough to reach the garbage collector's oldest generation, and each one
+        # that got there brought the next full collection (every object of the
+        # program scanned) closer, in any program whose own allocations run the
+        # collector. An entry still running, or failed (its error may be written
+        # after its state), is left to whoever holds it and a fresh one taken.
+        entries = self.entries
+        e = entries.popleft()
+        state = e[STATE]
+        if state is None or state is DONE and e is not self.last_done:
+            e[SEQ] = seq
+            e[OP] = op
+            e[ROOT] = root
+            e[DTYPE] = dtype
+            e[COUNT] = count
+            e[SHAPE] = shape
+            e[WHERE] = where
+            e[T_ISSUE] = e[T_START] = e[T_END] = e[ERROR] = None
+            e[STATE] = ISSUED
+        else:
+            e = [seq, op, root, dtype, count, shape, where, None, None, None, ISSUED, None]
+        entries.append(e)
         self.added += 1
         return e
 
