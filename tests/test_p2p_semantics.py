@@ -362,3 +362,4 @@ def test_a_window_of_single_copy_messages_is_not_stashed():
     out = run_ranks(2, _window_of_large_messages, timeout=40,
                     env={"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_P2P_CMA": "1M"})
     assert out[1] == (True, 0)
+

@@ -199,9 +199,12 @@ class TaggedPlane(Protocol):
     def withdraw_send(self, record) -> bool:
         """Take back a send none of whose bytes left; False if it is under way."""
 
-    def step_link(self, link) -> bool:
+    def step_link(self, link, drain: bool = True) -> bool:
         """Write what is queued, read everything the peer sent (into posted receives
-        or the stash); True if a byte moved. Raises the link's failure."""
+        or the stash); True if a byte moved. Raises the link's failure. drain=False
+        reads only while receives are posted on the link (what lies before their
+        messages is stashed), leaving later messages where they are for the
+        receives about to be posted."""
 
     def lost_peers(self) -> dict:
         """{peer: error} for peers found dead, departed or aborted without reading

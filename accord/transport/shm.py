@@ -1320,12 +1320,13 @@ class ShmTransport(Reports):
         link.sends.remove(s)
         return True
 
-    def step_link(self, link):
-        """Write what is queued, collect acks, read everything the peer sent."""
+    def step_link(self, link, drain=True):
+        """Write what is queued, collect acks, read everything the peer sent (drain
+        False: only what the posted receives take; transport/base.py)."""
         moved = bool(link.sends) and link.push()
         if link.unacked and link.check_acks():
             moved = True
-        return link.advance(drain=True) or moved
+        return link.advance(drain=drain) or moved
 
     def lost_peers(self):
         """{peer: why} for peers that died, left the group or aborted: the engine reads

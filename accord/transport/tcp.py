@@ -400,10 +400,11 @@ class TcpTransport(Reports):
         link.sends.remove(s)
         return True
 
-    def step_link(self, link):
-        """Write what is queued and read everything the peer sent; True if a byte moved."""
+    def step_link(self, link, drain=True):
+        """Write what is queued and read everything the peer sent (drain False: only
+        what the posted receives take; transport/base.py); True if a byte moved."""
         moved = bool(link.sends) and link.push()
-        return link.advance(drain=True) or moved
+        return link.advance(drain=drain) or moved
 
     def lost_peers(self):
         """Peers found gone without reading from them (none: a socket reports it)."""

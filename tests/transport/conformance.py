@@ -11,6 +11,7 @@ import numpy as np
 
 from accord.byte_stream import ByteStream
 from accord.errors import AccordError, CommTimeout, Desync, GroupClosed, PeerLost
+from accord.transport.matching import Recv
 from accord.transport.p2p import Engine, Pending
 from accord.transport.wire import OP_CODES, Stamp
 
@@ -417,8 +418,44 @@ def check_take_now(maker):
         maker.close(planes)
 
 
+def check_step_without_drain(maker):
+    """step_link(link, drain=False) reads what the posted receives take and leaves the
+    messages behind it where they are (the receives for them are about to be
+    posted: a window of irecvs); step_link(link) reads everything, the rest into
+    the stash."""
+    planes = maker.make(2)
+    a, b = planes[0][1], planes[1][1]
+    try:
+        sent = {tag: payload(64, tag) for tag in (1, 2, 3)}     # all three fit in a ring
+        for tag in (1, 2, 3):
+            a.tagged_send(1, memoryview(sent[tag]), tag)
+        end = time.monotonic() + 10
+        while a.links[1].sends and time.monotonic() < end:  # written out (a single-copy
+            a.step_link(a.links[1])                         # one is done once read)
+        assert not a.links[1].sends
+        link = b.links[0]
+        got = np.zeros(64, np.uint8)
+        first = Recv(0, memoryview(got), tag=1)
+        link.posted.append(first)
+        end = time.monotonic() + 10
+        while not first.done and time.monotonic() < end:
+            b.step_link(link, drain=False)
+        assert first.done and np.array_equal(got, sent[1])
+        for _ in range(3):
+            b.step_link(link, drain=False)
+        assert not link.stash                       # tags 2 and 3 left unread
+        end = time.monotonic() + 10
+        while len(link.stash) < 2 and time.monotonic() < end:
+            b.step_link(link)
+        assert len(link.stash) == 2
+        second = Recv(0, memoryview(got), tag=3)
+        assert link.take_stashed(second) and np.array_equal(got, sent[3])
+    finally:
+        maker.close(planes)
+
+
 CHECKS = [check_fifo, check_same_peer_in_order, check_same_peer_in_order_pair,
           check_streams, check_streams_pair, check_stream_of_many_views,
           check_both_ways_full, check_stamps, check_deadline, check_interrupt,
           check_abort, check_goodbye, check_closed, check_os_errors, check_tagged,
-          check_tagged_peer_lost, check_take_now]
+          check_tagged_peer_lost, check_take_now, check_step_without_drain]
