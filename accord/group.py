@@ -158,11 +158,10 @@ class ProcessGroup:
 
     def p2p_entry(self, opname, peer, nbytes):
         """The flight recorder's entry of a point-to-point call, running from now."""
-        _, where = debug.call_site()
         entry = self.recorder.add(None, opname, -1 if peer is None else self.ranks[peer], "",
-                                  nbytes, None, where)
-        entry[debug.T_START] = time.time()
-        entry[debug.STATE] = debug.RUNNING
+                                  nbytes, None, call_site(3)[1])
+        entry[T_START] = _now()
+        entry[STATE] = RUNNING
         return entry
 
     def p2p_blocking(self, opname, is_send, peer, view, tag, timeout=None, finish=None):
@@ -212,7 +211,8 @@ class ProcessGroup:
         if eng is None:
             op = self.p2p_op(opname, is_send, peer, view, tag, timeout, finish)
             self.post_p2p([op])          # raises: no other rank in the group
-        self.check_open()
+        if self._closed is not None:
+            raise self._closed_error()
         entry = self.p2p_entry(opname, peer, len(view))
         op = None
         try:
@@ -247,7 +247,7 @@ class ProcessGroup:
         """An operation over on the caller's thread (rec: its record; sender: the group
         rank a receive took its message from): (its value, its error or None), the
         flight recorder's entry closed either way."""
-        entry[debug.T_END] = time.time()
+        entry[T_END] = _now()
         err = None if is_send else rec.error
         if err is None and finish is not None:
             try:
@@ -255,10 +255,10 @@ class ProcessGroup:
             except BaseException as e:      # as the engine's _succeed: the op's error
                 err = e
         if err is not None:
-            entry[debug.STATE] = debug.FAILED
-            entry[debug.ERROR] = f"{type(err).__name__}: {err}"
+            entry[STATE] = FAILED
+            entry[ERROR] = f"{type(err).__name__}: {err}"
             return None, err
-        entry[debug.STATE] = debug.DONE
+        entry[STATE] = DONE
         return (None if is_send else self.ranks[sender]), None
 
     def post_p2p(self, ops):
