@@ -239,8 +239,8 @@ class ProcessGroup:
     def _p2p_failed(self, entry, exc):
         """The link failed under the engine's try_now, start_now or take_any: recorded in
         the flight recorder's entry; a broken group raises why instead."""
-        entry[debug.STATE] = debug.FAILED
-        entry[debug.ERROR] = f"{type(exc).__name__}: {exc}"
+        entry[STATE] = FAILED
+        entry[ERROR] = f"{type(exc).__name__}: {exc}"
         self.check_open()
 
     def _p2p_over(self, entry, is_send, rec, finish, sender):

@@ -1,4 +1,5 @@
-"""A repeated broadcast_state of 300 small tensors at two ranks, beside what the machine reads at the time.
+"""A repeated broadcast_state of 300 small tensors at two ranks, beside what the
+machine reads at the time.
 
     .venv/bin/python benchmarks/state_stretch.py [--rounds 12] [--tensors 300]
         [--blocks 10] [--calls 100]

@@ -1,10 +1,11 @@
 """The flight recorder: the last calls of each group, dumped when something fails.
 
 `Recorder` keeps the last RECORD calls of a group (a deque of small lists,
-made when the group is and rewritten in place call after call). Dumped as JSON to ACCORD_TRACE_DIR on a
-timeout, on any communication error, and on SIGUSR1; `accord debug analyze
-DIR` (cli/debug.py) reads the dumps of every rank and prints the first call
-where they diverge. Also here: the "accord" logger and ACCORD_DEBUG's handler.
+made when the group is and rewritten in place call after call). Dumped as JSON
+to ACCORD_TRACE_DIR on a timeout, on any communication error, and on SIGUSR1;
+`accord debug analyze DIR` (cli/debug.py) reads the dumps of every rank and
+prints the first call where they diverge. Also here: the "accord" logger and
+ACCORD_DEBUG's handler.
 """
 import collections
 import json
