@@ -331,7 +331,6 @@ class TCPStore(Store):
         self._pid = os.getpid()
         host = strip_brackets(host)
         self.host = host
-        v6 = ":" in host
         dial = host
         if is_master:
             # Listen where the clients dial (host itself, or the ACCORD_SOCKET_IFNAME
