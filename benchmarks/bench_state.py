@@ -92,6 +92,7 @@ SMALL_CONFIGS = [(n, (128, 128 << 10)) for n in (10, 30, 81, 300)]
 
 
 def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
+    from worlds import slowest_per_call
     nbytes = sum(t.numel() * 4 for t in sd.values())
     n = len(sd)
 
@@ -149,8 +150,6 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
                ("one accord.broadcast of the same bytes", one),
                ("torch gloo broadcast loop", gloo)]
     times = {name: [] for name, _ in methods}
-    import numpy as np
-    slowest = np.zeros(1)
     for it in range(repeat + 2):
         # each round starts one method later (the machine's speed drifts; none is always
         # timed first). A rotation keeps the cyclic order, so the method after gloo's loop
@@ -163,17 +162,9 @@ def run_config(sd, ref, rank, world, repeat, tdist, torch, accord, calls=1):
         # rest or another method's caches
         for name, fn in methods[it % len(methods):] + methods[:it % len(methods)]:
             reset()
-            if it and calls >= 10:
-                for _ in range(calls // 10):
-                    fn()
-            accord.barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            slowest[0] = (time.perf_counter() - t0) / calls
-            accord.all_reduce(slowest, op=accord.ReduceOp.MAX)
+            t = slowest_per_call(fn, calls, warm=calls // 10 if it and calls >= 10 else 0)
             if it >= 2:
-                times[name].append(float(slowest[0]))
+                times[name].append(t)
             if it == 0:
                 (check_one if fn is one else check)(name)
             if fn is gloo:

@@ -29,20 +29,19 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
 def worker(tensors, blocks=10, calls=100):
-    import numpy as np
     import torch
     import accord
     from accord import flat_state
     from accord.world import resolve_group
     sys.path.insert(0, HERE)
     from bench_state import make_state
+    from worlds import slowest_per_call
     accord.init_process_group()
     rank = accord.get_rank()
     sd = make_state(rank, tensors, (128, 128 << 10))
@@ -62,19 +61,11 @@ def worker(tensors, blocks=10, calls=100):
             raise AssertionError("the dict's entry is gone: the sync took the general path")
 
     times = {"state": [], "one": [], "check": []}
-    slowest = np.zeros(1)
     for block in range(blocks + 1):
         for name, fn in (("state", state), ("one", one), ("check", check)):
-            for _ in range(max(1, calls // 10)):
-                fn()
-            accord.barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            slowest[0] = (time.perf_counter() - t0) / calls
-            accord.all_reduce(slowest, op=accord.ReduceOp.MAX)
+            t = slowest_per_call(fn, calls, warm=max(1, calls // 10))
             if block:
-                times[name].append(float(slowest[0]))
+                times[name].append(t)
     ref = make_state(0, tensors, (128, 128 << 10))
     if rank and any(not torch.equal(t, ref[k]) for k, t in sd.items()):
         raise AssertionError(f"rank {rank}: the state differs from rank 0's")

@@ -1,10 +1,12 @@
 """Running a benchmark's worker under `accord run` at each world size, for the scripts
 that time in their own rank processes and print one `RESULT {json}` line a result
-(bench_ahead.py, bench_halves.py)."""
+(bench_ahead.py, bench_halves.py), and timing a block of calls inside those ranks
+(slowest_per_call)."""
 import json
 import os
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,6 +32,24 @@ def run_worlds(script, worlds, worker_args, env=None):
         results += [json.loads(line.split("RESULT ", 1)[1]) for line in lines
                     if "RESULT " in line]
     return results
+
+
+def slowest_per_call(fn, calls, warm=0):
+    """In a rank of an accord job: fn() `warm` times untimed, a barrier, then `calls`
+    times back to back. Returns the slowest rank's seconds a call (every rank gets it:
+    an all_reduce of the ranks' times, MAX)."""
+    import numpy as np
+
+    import accord
+    for _ in range(warm):
+        fn()
+    accord.barrier()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    slowest = np.array([(time.perf_counter() - t0) / calls])
+    accord.all_reduce(slowest, op=accord.ReduceOp.MAX)
+    return float(slowest[0])
 
 
 def write_table(md, out):
