@@ -15,7 +15,7 @@ written as:
 A round times --iters round trips of each pattern after a barrier; the figure is the
 median round's one-way time (half a round trip) on rank 0, in µs. accord runs under
 `accord run -n 2`, MPICH through mpi4py under the mpiexec next to this Python
-(skipped, with a line saying so, where there is none or --no-mpi). The rounds of a
+(skipped with --no-mpi, and with a line saying so where there is none). The rounds of a
 library run in one job, the patterns in turn within each round; the two libraries
 run one after the other, so compare the ratios of one run, not figures of different
 runs (the load average is printed beside them).
