@@ -34,79 +34,60 @@ ROOT = os.path.dirname(HERE)
 PATTERNS = ("blocking", "wait each", "post first")
 
 
-def _accord_calls():
+def _patterns(rank, send, recv, isend, irecv, wait, wait_all):
+    """The three patterns over one library's calls: send/recv(buf, peer) blocking,
+    isend/irecv(buf, peer) returning a request, wait(request), wait_all(requests)."""
     import numpy as np
+    out, into = np.zeros(2, np.float32), np.zeros(2, np.float32)
+    peer = 1 - rank
 
+    def blocking():
+        if rank == 0:
+            send(out, peer)
+            recv(into, peer)
+        else:
+            recv(into, peer)
+            send(out, peer)
+
+    def wait_each():
+        if rank == 0:
+            wait(isend(out, peer))
+            wait(irecv(into, peer))
+        else:
+            wait(irecv(into, peer))
+            wait(isend(out, peer))
+
+    def post_first():
+        r = irecv(into, peer)
+        if rank == 0:
+            wait_all([isend(out, peer), r])
+        else:
+            wait(r)
+            wait(isend(out, peer))
+
+    return blocking, wait_each, post_first
+
+
+def _accord_calls():
     import accord
     accord.init_process_group()
     rank = accord.get_rank()
-    out, into = np.zeros(2, np.float32), np.zeros(2, np.float32)
-    peer = 1 - rank
 
-    def blocking():
-        if rank == 0:
-            accord.send(out, peer)
-            accord.recv(into, peer)
-        else:
-            accord.recv(into, peer)
-            accord.send(out, peer)
-
-    def wait_each():
-        if rank == 0:
-            accord.isend(out, peer).wait()
-            accord.irecv(into, peer).wait()
-        else:
-            accord.irecv(into, peer).wait()
-            accord.isend(out, peer).wait()
-
-    def post_first():
-        r = accord.irecv(into, peer)
-        if rank == 0:
-            s = accord.isend(out, peer)
-            s.wait()
+    def wait_all(requests):
+        for r in requests:
             r.wait()
-        else:
-            r.wait()
-            accord.isend(out, peer).wait()
-
-    return rank, accord.barrier, (blocking, wait_each, post_first), \
-        accord.destroy_process_group
+    fns = _patterns(rank, accord.send, accord.recv, accord.isend, accord.irecv,
+                    lambda r: r.wait(), wait_all)
+    return rank, accord.barrier, fns, accord.destroy_process_group
 
 
 def _mpi_calls():
-    import numpy as np
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    out, into = np.zeros(2, np.float32), np.zeros(2, np.float32)
-    peer = 1 - rank
-
-    def blocking():
-        if rank == 0:
-            comm.Send(out, peer)
-            comm.Recv(into, peer)
-        else:
-            comm.Recv(into, peer)
-            comm.Send(out, peer)
-
-    def wait_each():
-        if rank == 0:
-            comm.Isend(out, peer).Wait()
-            comm.Irecv(into, peer).Wait()
-        else:
-            comm.Irecv(into, peer).Wait()
-            comm.Isend(out, peer).Wait()
-
-    def post_first():
-        r = comm.Irecv(into, peer)
-        if rank == 0:
-            s = comm.Isend(out, peer)
-            MPI.Request.Waitall([s, r])
-        else:
-            r.Wait()
-            comm.Isend(out, peer).Wait()
-
-    return rank, comm.Barrier, (blocking, wait_each, post_first), lambda: None
+    fns = _patterns(rank, comm.Send, comm.Recv, comm.Isend, comm.Irecv, lambda r: r.Wait(),
+                    MPI.Request.Waitall)
+    return rank, comm.Barrier, fns, lambda: None
 
 
 def worker(lib, iters, rounds):
