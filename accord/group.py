@@ -158,6 +158,8 @@ class ProcessGroup:
 
     def p2p_entry(self, opname, peer, nbytes):
         """The flight recorder's entry of a point-to-point call, running from now."""
+        # call_site(3): the search for the user's frame starts past this method and
+        # the group method that called it, both accord's
         entry = self.recorder.add(None, opname, -1 if peer is None else self.ranks[peer], "",
                                   nbytes, None, call_site(3)[1])
         entry[T_START] = _now()
