@@ -23,11 +23,12 @@ runs (the load average is printed beside them).
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+from accord.cli.bench import find_mpiexec     # the mpiexec `accord bench` runs MPICH with
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -106,11 +107,6 @@ def worker(lib, iters, rounds):
     if rank == 0:
         print("RESULT " + json.dumps({"lib": lib, "times": times}), flush=True)
     close()
-
-
-def find_mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
 
 
 def _run(cmd):
