@@ -443,7 +443,7 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
                            choices={})
     assert choose("broadcast", 16 << 20, shm4, {}) is single_copy.broadcast
     # shared slots beyond two ranks: broadcasts from 256 KiB up to single copy's size,
-    # all-gathers of blocks from 512 KiB to two pieces, all-reduces from 1 to 4 MiB;
+    # all-gathers of blocks from 512 KiB to two pieces, all-reduces from 2 to 4 MiB;
     # forced, at any size
     assert choose("broadcast", 1 << 20, shm4, {}) is slotted.broadcast
     assert choose("broadcast", 200 << 10, shm4, {}) is broadcast.tree
@@ -457,7 +457,8 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     assert choose("broadcast", 1 << 20, tcp4, {"broadcast": "slotted"}) is broadcast.chain
     assert choose("broadcast_list", 1 << 20, shm4, {}) is slotted.broadcast_list
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
-    assert choose("all_reduce", 1 << 20, shm4, {}) is slotted.all_reduce
+    assert choose("all_reduce", 2 << 20, shm4, {}) is slotted.all_reduce
+    assert choose("all_reduce", (2 << 20) - 4, shm4, {}) is reduction.halving_doubling
     assert choose("all_reduce", 512 << 10, shm4, {}) is reduction.halving_doubling
     assert choose("all_reduce", 4 << 20, shm4, {}) is slotted.all_reduce
     assert choose("all_reduce", 16 << 20, shm4, {}) is reduction.halving_doubling
@@ -477,6 +478,10 @@ def test_algorithm_table_picks_the_bandwidth_paths_for_large_messages():
     rs = ALGORITHMS["reduce_scatter"]
     assert entry("reduce_scatter", 8, shm3, {}) is rs["direct"]
     assert entry("reduce_scatter", 8, shm3, {"reduce_scatter": "doubling"}) is rs["doubling"]
+    # reduce_scatter alone takes the slots from 1 MiB in all, before all_reduce does
+    assert entry("reduce_scatter", 1 << 20, shm4, {}) is rs["slotted"]
+    assert entry("reduce_scatter", (1 << 20) - 4, shm4, {}) is rs["halving"]
+    assert entry("reduce_scatter", (4 << 20) + 4, shm4, {}) is rs["halving"]
     assert choose("broadcast", 16 << 20, tcp4, {"broadcast": "single_copy"}) is broadcast.chain
     assert choose("broadcast_list", 16 << 20, shm4, {}) is single_copy.broadcast_list
     # forcing broadcast sends lists down the chain too

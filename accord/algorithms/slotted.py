@@ -39,14 +39,25 @@ from .reduction import halving_steps
 #   doubling, 512 KiB 0.96x, 1 MiB 0.64x, 1.5 MiB 0.53x, 2 MiB 0.53x-1.21x in three
 #   runs, 4 MiB 1.01x and 1.66x, 16 MiB 1.97x and 2.01x; world 3 2 MiB 0.70x the
 #   ring's, 16 MiB 1.05x;
-# - all_reduce from 1 to 4 MiB: world 4 against halving_doubling, 512 KiB 1.60x, 1 MiB
-#   0.70x, 4 MiB 0.64x, 8 MiB 1.10x, 16 MiB 1.77x; world 8 1 MiB 0.90x.
+# - all_reduce from 2 to 4 MiB: world 4 against halving_doubling, 512 KiB 1.60x, 1 MiB
+#   0.70x, 4 MiB 0.64x, 8 MiB 1.10x, 16 MiB 1.77x; world 8 1 MiB 0.90x. That was the
+#   first host; on a second of the same kind the slots took 1.4-2.0x halving_doubling's
+#   time at 1 and 1.5 MiB and below MPICH's there (0.68-0.75x its bus bandwidth, where
+#   halving_doubling had 0.89-1.42x), while at 2 MiB they took 0.56-0.97x its time in
+#   six runs of seven and at 4 MiB 0.58-0.68x. Beginning at 2 MiB costs the first host
+#   about 1.4x at 1 MiB, still faster than MPICH there (1.75x its bus bandwidth with the
+#   slots); beginning at 1 MiB put the second behind MPICH.
 BROADCAST_MIN = 256 << 10
 BROADCAST_MIN_3 = 1 << 20
 BLOCK_MIN = 512 << 10
 BLOCK_ROUNDS_MAX = 2
-ALL_REDUCE_MIN = 1 << 20
+ALL_REDUCE_MIN = 2 << 20
 ALL_REDUCE_MAX = 4 << 20
+# reduce_scatter alone (the all_reduce's halving, without its all-gather) from 1 MiB in
+# all: on the second host, world 4, against halving through the rings (`accord bench
+# --ops reduce_scatter`, each forced, two rounds), 1 MiB in all 0.89-1.05x its time,
+# 1.5 MiB 0.80-0.92x, 2 MiB 0.66-0.72x, 4 MiB 0.70-0.75x
+REDUCE_SCATTER_MIN = 1 << 20
 
 
 def can_run(c, nbytes):
@@ -261,9 +272,12 @@ def _swap_reduce(c, partner, given, kept, op, bf16, got, base=None):
 def all_reduce_applies(c, nbytes):
     """A power of two of ranks beyond two with slots (halving_doubling's shape), from
     ALL_REDUCE_MIN to ALL_REDUCE_MAX bytes."""
-    n = c.size
-    return (ALL_REDUCE_MIN <= nbytes <= ALL_REDUCE_MAX and n & (n - 1) == 0
-            and c.slots is not None)
+    return ALL_REDUCE_MIN <= nbytes <= ALL_REDUCE_MAX and all_reduce_can_run(c, nbytes)
+
+
+def reduce_scatter_applies(c, nbytes):
+    """As all_reduce_applies, from REDUCE_SCATTER_MIN bytes in all."""
+    return REDUCE_SCATTER_MIN <= nbytes <= ALL_REDUCE_MAX and all_reduce_can_run(c, nbytes)
 
 
 def all_reduce_can_run(c, nbytes):

@@ -91,10 +91,10 @@ ALGORITHMS = {
                                                                  tmp, spare),
                           lambda c, nbytes: c.size > 2 and nbytes < SMALL["reduce_scatter"],
                           can_run=lambda c, nbytes: c.size > 2),
-        # all_reduce's slotted ranges: the same halving through the slots
+        # the same halving through the slots as all_reduce's, from a smaller size
         "slotted": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
                          slotted.reduce_scatter(c, whole, out, op, bf16, spare),
-                         slotted.all_reduce_applies, can_run=slotted.all_reduce_can_run),
+                         slotted.reduce_scatter_applies, can_run=slotted.all_reduce_can_run),
         "halving": Entry(lambda c, ins, whole, out, op, bf16, tmp, spare:
                          reduction.halving_reduce_scatter_into(c, whole, out, op, bf16, tmp,
                                                                spare),
