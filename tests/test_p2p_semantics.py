@@ -247,6 +247,46 @@ def test_truncation_is_the_receivers_error(transport):
     assert "128 bytes" in out[1] and "holds 64 bytes" in out[1] and "truncated" in out[1]
 
 
+def _waited_one_by_one(rank, world):
+    # irecv(...).wait() while the reply is on its way: a receive waited on alone looks
+    # for its message on its own link, and must still match by tag and size
+    other = 1 - rank
+    got = np.zeros(1, np.int64)
+    for i in range(300):
+        if rank == 0:
+            dist.isend(np.array([i], np.int64), dst=other).wait()
+            dist.irecv(got, src=other).wait()
+            assert got[0] == i + 1000, (i, got)
+        else:
+            dist.irecv(got, src=other).wait()
+            dist.isend(got + 1000, dst=other).wait()
+    if rank == 0:
+        dist.recv(got, src=other)                     # rank 1 waits: the next come at once
+        dist.isend(np.arange(2, dtype=np.int64), dst=other).wait()        # too long
+        dist.isend(np.array([7], np.int64), dst=other, tag=5).wait()      # another tag first
+        dist.isend(np.array([8], np.int64), dst=other).wait()
+        return None
+    w = dist.irecv(got, src=other)
+    dist.send(got, dst=other)
+    try:
+        w.wait()
+        err = "no error"
+    except dist.Desync as e:
+        err = str(e)
+    dist.irecv(got, src=other).wait()
+    eight = int(got[0])
+    dist.irecv(got, src=other, tag=5).wait()
+    return err, eight, int(got[0])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_receives_waited_one_by_one_match_by_tag_and_size(transport):
+    out = run_ranks(2, _waited_one_by_one, timeout=60, env={"ACCORD_TRANSPORT": transport})
+    err, eight, seven = out[1]
+    assert "16 bytes" in err and "holds 8 bytes" in err, err
+    assert (eight, seven) == (8, 7)
+
+
 def _bad_peers(rank, world):
     x = np.zeros(2)
     errs = []
