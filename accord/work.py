@@ -154,11 +154,17 @@ class Work:
                 threading.current_thread() is threading.main_thread():
             g.waiters += 1          # the main thread now waits on the group (debug/deadlock.py)
             try:
-                concurrent.futures.wait([self._future], seconds)
+                if seconds is None:
+                    g.run_queued(fut)       # runs it here if the worker has not begun it
+                if not fut.done():
+                    concurrent.futures.wait([fut], seconds)
             finally:
                 g.waiters -= 1
         else:
-            concurrent.futures.wait([self._future], seconds)
+            if g is not None and seconds is None:
+                g.run_queued(fut)
+            if not fut.done():
+                concurrent.futures.wait([fut], seconds)
         if not self._future.done():
             raise self._not_done(seconds)
         # the operation's own error, CommTimeout included, with its message intact

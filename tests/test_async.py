@@ -61,6 +61,41 @@ def test_outstanding_async_ops_complete_in_issue_order(world):
     run_ranks(world, _many_outstanding, timeout=40)
 
 
+def _waited_last_first(rank, world):
+    # the last Work waited on first: the waiting thread runs every queued call before
+    # it, in issue order (where the worker thread has not taken them), as the worker would
+    order = []
+    works, outs = [], []
+    for i in range(6):
+        x = np.full(1000, rank * 10 + i, np.int64)
+        w = dist.all_reduce(x, async_op=True)
+        w.get_future().add_done_callback(lambda f, i=i: order.append(i))
+        works.append(w)
+        outs.append(x)
+    for w in reversed(works):
+        assert w.wait() is True
+    want = [sum(r * 10 + i for r in range(world)) for i in range(6)]
+    got = [int(x[0]) for x in outs]
+    bad = None
+    # ranks disagree on the op: the Work waited on carries the Desync, raised by wait()
+    w = (dist.all_gather_into_tensor(np.zeros(8), np.zeros(4), async_op=True, timeout=10)
+         if rank == 0 else dist.all_reduce(np.zeros(4), async_op=True, timeout=10))
+    try:
+        w.wait()
+    except dist.Desync as e:
+        bad = type(e).__name__
+    return order, got == want, bad
+
+
+def test_async_calls_waited_last_first_run_in_issue_order():
+    out = run_ranks(2, _waited_last_first, timeout=40, expect_fail=True)
+    for kind, payload in out:
+        assert kind == "ok", payload
+        order, right, bad = payload
+        assert order == list(range(6)) and right, payload
+        assert bad == "Desync", payload
+
+
 def _wait_timeout(rank, world):
     x = np.full(3, rank, np.int64)
     if rank != 0:
