@@ -11,9 +11,10 @@ time per op (the slowest rank's, over blocks of calls).
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
+
+from worlds import slowest_per_call
 
 
 def main():
@@ -43,15 +44,7 @@ def main():
                          ("reduce_scatter", lambda: dist.reduce_scatter_tensor(x, gathered)),
                          ("barrier", dist.barrier)):
             fn()
-            times = []
-            for _ in range(args.blocks):
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    fn()
-                dt = np.array([(time.perf_counter() - t0) / reps])
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-                times.append(dt[0])
+            times = [slowest_per_call(fn, reps) for _ in range(args.blocks)]
             rows.append((name, s if name != "barrier" else "-", np.median(times) * 1e6))
     if rank == 0:
         print(f"{mode}, {dist.get_world_size()} ranks, {args.per_host} per host")
