@@ -10,20 +10,19 @@ Each rank calls, on an 8-byte float32 array:
 - 8 then wait: eight async calls on eight arrays, then each Work waited in turn
   (the figure is per call).
 
-A round times --iters calls of each way after a barrier (the ways in turn); the
-figure is the median round's µs per call on rank 0. Everything runs in one
-`accord run -n N`, so compare the rows of one run (the load average is printed
-beside them), not figures of different runs.
+A round times --iters calls of each way after a barrier (the ways in turn; the
+slowest rank's time, worlds.slowest_per_call); the figure is the median round's µs
+per call. Everything runs in one `accord run -n N` (worlds.run_worlds), so compare
+the rows of one run (the load average is printed beside them), not figures of
+different runs.
 """
 import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from worlds import run_worlds, slowest_per_call
+
 WAYS = ("sync", "async, wait", "8 then wait")
 OPS = ("all_reduce", "broadcast")
 
@@ -55,12 +54,8 @@ def worker(iters, rounds):
     for rnd in range(rounds + 1):              # the first round warms up
         for op in OPS:
             for name, fn in zip(WAYS, ways(calls[op])):
-                n = iters // 8 if name == "8 then wait" else iters
-                accord.barrier()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                per_call = (time.perf_counter() - t0) / (n * (8 if name == "8 then wait" else 1))
+                per = 8 if name == "8 then wait" else 1
+                per_call = slowest_per_call(fn, iters // per) / per
                 if rnd:
                     times[op][name].append(per_call)
     accord.barrier()
@@ -78,18 +73,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.worker:
         return worker(args.iters, args.rounds)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(q for q in (ROOT, env.get("PYTHONPATH", "")) if q)
     load = os.getloadavg()
-    out = subprocess.run([sys.executable, "-m", "accord", "run", "-n", str(args.n),
-                          os.path.abspath(__file__), "--worker", "--iters", str(args.iters),
-                          "--rounds", str(args.rounds)],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    lines = out.stdout.splitlines()
-    sys.stdout.write("".join(line + "\n" for line in lines if "RESULT " not in line))
-    if out.returncode:
-        sys.exit(f"accord run -n {args.n}: failed with exit code {out.returncode}")
-    [res] = [json.loads(line.split("RESULT ", 1)[1]) for line in lines if "RESULT " in line]
+    [res] = run_worlds(__file__, [args.n], ["--iters", str(args.iters),
+                                            "--rounds", str(args.rounds)])
     end = os.getloadavg()
     print(f"world {args.n}, µs per call (8 bytes), the median of {args.rounds} rounds of "
           f"{args.iters} calls; load average {load[0]:.2f} at the start, {end[0]:.2f} at the end")
