@@ -4,7 +4,7 @@ receiver's ring; at two ranks the state as one message through the ring behind t
 root's row against copied by address once the rows are in.
 
     .venv/bin/python benchmarks/bench_ahead.py [-n 3,4] [--tensors 10,30] [--rounds 9]
-                                               [--calls 100] [--out FILE]
+                                               [--calls 100] [--in-step] [--out FILE]
 
 A dict of float32 torch tensors of 128 B to 128 KiB (geometric sizes, as
 bench_state.py --small makes them) is synced from rank 0 with broadcast_state,
@@ -16,7 +16,10 @@ False, by address from 1 MiB, a smaller state still behind the row through the
 ring). Rounds alternate the two ways in
 the same processes (the machine's speed moves between runs, not within a pair
 of rounds); a round times --calls back-to-back calls, its time the slowest
-rank's. The loop of broadcasts and one broadcast of the same bytes run in the
+rank's. With --in-step every call follows a barrier and is timed alone (the
+barrier left out), as a sync between steps of a program that computes in between
+finds the ranks: back to back, a root that returns while its receiver still copies
+runs ahead into its next call, which the ranks in step never do. The loop of broadcasts and one broadcast of the same bytes run in the
 same rounds, for scale. Receivers check every tensor after every round.
 """
 import argparse
@@ -31,7 +34,7 @@ from worlds import run_worlds, write_table
 METHODS = ("ahead", "other", "loop", "one")
 
 
-def worker(tensors, rounds, calls):
+def worker(tensors, rounds, calls, in_step=False):
     import numpy as np
     import torch
 
@@ -72,9 +75,18 @@ def worker(tensors, rounds, calls):
                         t.zero_()
                 accord.barrier()
                 t0 = time.perf_counter()
-                for _ in range(calls):
-                    fns[name]()
-                dt = np.array([(time.perf_counter() - t0) / calls])
+                if in_step:
+                    spent = 0.0
+                    for _ in range(calls):
+                        accord.barrier()
+                        t1 = time.perf_counter()
+                        fns[name]()
+                        spent += time.perf_counter() - t1
+                    dt = np.array([spent / calls])
+                else:
+                    for _ in range(calls):
+                        fns[name]()
+                    dt = np.array([(time.perf_counter() - t0) / calls])
                 if rank != 0 and name in ("ahead", "other", "loop"):
                     for k, t in sd.items():
                         if not torch.equal(t, ref[k]):
@@ -84,7 +96,7 @@ def worker(tensors, rounds, calls):
                     times[name].append(float(dt[0]))
         state.AHEAD_SLOT = state.AHEAD_PAIR = True
         if rank == 0:
-            print("RESULT " + json.dumps({"world": world, "tensors": n,
+            print("RESULT " + json.dumps({"world": world, "tensors": n, "in_step": in_step,
                                           "nbytes": sum(sizes) * 4, "times": times}),
                   flush=True)
     accord.destroy_process_group()
@@ -95,7 +107,9 @@ def table(results, command, load0, load1):
              "time per sync (µs): the median round's slowest rank; ahead: world 2 through "
              "the ring behind the row, beyond through the root's slot; other: world 2 by "
              "address (from 1 MiB), beyond on the rings; ahead/other: the median of the "
-             "per-round ratios (each pair of rounds run back to back)", "",
+             "per-round ratios (each pair of rounds run back to back)" +
+             ("; --in-step: each call after a barrier, timed alone, the mean of a round's "
+              "calls" if results and results[0].get("in_step") else ""), "",
              "| world | state | ahead | other | ahead/other | loop | one broadcast | "
              "loop/ahead |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -116,17 +130,20 @@ def main():
     ap.add_argument("--tensors", default="10,30", help="tensors in the state, comma-separated")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--in-step", action="store_true",
+                    help="a barrier before every call, each call timed alone")
     ap.add_argument("--out", default=None, help="markdown table (default: print only)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     tensors = [int(x) for x in args.tensors.split(",")]
     if args.worker:
-        worker(tensors, args.rounds, args.calls)
+        worker(tensors, args.rounds, args.calls, args.in_step)
         return 0
     command = "python benchmarks/bench_ahead.py " + " ".join(sys.argv[1:])
     load0 = os.getloadavg()
     results = run_worlds(__file__, [int(x) for x in args.n.split(",")],
-                         ["--tensors", args.tensors, "--rounds", str(args.rounds), "--calls", str(args.calls)])
+                         ["--tensors", args.tensors, "--rounds", str(args.rounds),
+                          "--calls", str(args.calls)] + (["--in-step"] if args.in_step else []))
     write_table(table(results, command, load0, os.getloadavg()), args.out)
     return 0
 
