@@ -19,8 +19,9 @@ of rounds); a round times --calls back-to-back calls, its time the slowest
 rank's. With --in-step every call follows a barrier and is timed alone (the
 barrier left out), as a sync between steps of a program that computes in between
 finds the ranks: back to back, a root that returns while its receiver still copies
-runs ahead into its next call, which the ranks in step never do. The loop of broadcasts and one broadcast of the same bytes run in the
-same rounds, for scale. Receivers check every tensor after every round.
+runs ahead into its next call, which the ranks in step never do. The loop of
+broadcasts and one broadcast of the same bytes run in the same rounds, for scale.
+Receivers check every tensor after every round.
 """
 import argparse
 import json
