@@ -150,21 +150,18 @@ class Work:
         if isinstance(fut, Outcome):
             return self._wait_outcome(fut, seconds)
         g = self._group
-        if g is not None and not self._future.done() and \
-                threading.current_thread() is threading.main_thread():
-            g.waiters += 1          # the main thread now waits on the group (debug/deadlock.py)
-            try:
-                if seconds is None:
-                    g.run_queued(fut)       # runs it here if the worker has not begun it
-                if not fut.done():
-                    concurrent.futures.wait([fut], seconds)
-            finally:
-                g.waiters -= 1
-        else:
+        # the main thread now waits on the group (debug/deadlock.py)
+        main = g is not None and threading.current_thread() is threading.main_thread()
+        if main:
+            g.waiters += 1
+        try:
             if g is not None and seconds is None:
-                g.run_queued(fut)
+                g.run_queued(fut)           # runs it here if the worker has not begun it
             if not fut.done():
                 concurrent.futures.wait([fut], seconds)
+        finally:
+            if main:
+                g.waiters -= 1
         if not self._future.done():
             raise self._not_done(seconds)
         # the operation's own error, CommTimeout included, with its message intact
