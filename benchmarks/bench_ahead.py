@@ -28,15 +28,13 @@ import json
 import os
 import statistics
 import sys
-import time
 
-from worlds import run_worlds, write_table
+from worlds import run_worlds, slowest_per_call, write_table
 
 METHODS = ("ahead", "other", "loop", "one")
 
 
 def worker(tensors, rounds, calls, in_step=False):
-    import numpy as np
     import torch
 
     import accord
@@ -74,27 +72,13 @@ def worker(tensors, rounds, calls, in_step=False):
                 if rank != 0:
                     for t in sd.values():
                         t.zero_()
-                accord.barrier()
-                t0 = time.perf_counter()
-                if in_step:
-                    spent = 0.0
-                    for _ in range(calls):
-                        accord.barrier()
-                        t1 = time.perf_counter()
-                        fns[name]()
-                        spent += time.perf_counter() - t1
-                    dt = np.array([spent / calls])
-                else:
-                    for _ in range(calls):
-                        fns[name]()
-                    dt = np.array([(time.perf_counter() - t0) / calls])
+                dt = slowest_per_call(fns[name], calls, in_step=in_step)
                 if rank != 0 and name in ("ahead", "other", "loop"):
                     for k, t in sd.items():
                         if not torch.equal(t, ref[k]):
                             raise AssertionError(f"{name}: rank {rank}: {k} differs")
-                accord.all_reduce(dt, op=accord.ReduceOp.MAX)
                 if rnd >= 2:
-                    times[name].append(float(dt[0]))
+                    times[name].append(dt)
         state.AHEAD_SLOT = state.AHEAD_PAIR = True
         if rank == 0:
             print("RESULT " + json.dumps({"world": world, "tensors": n, "in_step": in_step,

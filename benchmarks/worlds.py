@@ -34,9 +34,10 @@ def run_worlds(script, worlds, worker_args, env=None):
     return results
 
 
-def slowest_per_call(fn, calls, warm=0):
+def slowest_per_call(fn, calls, warm=0, in_step=False):
     """In a rank of an accord job: fn() `warm` times untimed, a barrier, then `calls`
-    times back to back. Returns the slowest rank's seconds a call (every rank gets it:
+    times back to back (in_step: each after a barrier of its own and timed alone, the
+    barriers left out). Returns the slowest rank's seconds a call (every rank gets it:
     an all_reduce of the ranks' times, MAX)."""
     import numpy as np
 
@@ -44,10 +45,19 @@ def slowest_per_call(fn, calls, warm=0):
     for _ in range(warm):
         fn()
     accord.barrier()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    slowest = np.array([(time.perf_counter() - t0) / calls])
+    if in_step:
+        spent = 0.0
+        for _ in range(calls):
+            accord.barrier()
+            t0 = time.perf_counter()
+            fn()
+            spent += time.perf_counter() - t0
+    else:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        spent = time.perf_counter() - t0
+    slowest = np.array([spent / calls])
     accord.all_reduce(slowest, op=accord.ReduceOp.MAX)
     return float(slowest[0])
 
