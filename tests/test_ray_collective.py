@@ -37,7 +37,8 @@ from ray.util.collective.types import ReduceOp  # noqa: E402
 import accord  # noqa: E402
 import accord.ray  # noqa: E402,F401
 
-pytestmark = pytest.mark.timeout(120)
+# one xdist worker runs every Ray test file (each starts a local Ray cluster)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("ray")]
 
 _names = itertools.count()
 

@@ -17,7 +17,8 @@ ray = pytest.importorskip("ray", reason="the Ray tests need ray (pip install acc
 pytest.importorskip("ray.train.torch")
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.timeout(240)
+# one xdist worker runs every Ray test file (each starts a local Ray cluster)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("ray")]
 
 
 def _train(config):

@@ -19,7 +19,8 @@ from ray_netns_cluster import NamespacesUnavailable, TwoNodeCluster  # noqa: E40
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_ray_collective.py")
 
-pytestmark = pytest.mark.timeout(300)
+# one xdist worker runs every Ray test file (each starts a local Ray cluster)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture
