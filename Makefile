@@ -56,7 +56,7 @@ demo: $(DEMO_STAMP)
 
 # Two workers (pytest-xdist): most of the suite's time is waiting (timeouts that must
 # fire, ranks seen stopped, processes and Ray clusters starting), which two workers
-# overlap: 18.4 min serially, 10.5 with two, the same hour on a 2-vCPU host. Ray's test
+# overlap: 18.4 min serially, 10.5 with two, an hour apart on a 2-vCPU host. Ray's test
 # files share one worker (their xdist_group), as each starts a local Ray cluster.
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup
