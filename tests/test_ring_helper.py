@@ -395,8 +395,8 @@ def test_rings_start_over_when_empty_between_ranks_with_and_without_the_helper()
     # all_reduce of ranks 0 and 1 (3 + 2i at index 1), then rank i % 2's broadcast
     assert got[0::2] == [float(3 + 2 * i) for i in range(40)]
     assert got[1::2] == [float(2 * (65535 + i) + 1) for i in range(40)]
-    # the rings started over: 40 rounds write 20 MiB into each, so heads that never went
-    # back to the start would cycle through all 4 MiB. How far past the first megabyte a
+    # the rings started over: 40 rounds of 256 KiB messages write several times a ring's
+    # 4 MiB into each, so heads that never went back to the start would cycle through it. How far past the first megabyte a
     # head gets depends on how far the writer runs ahead of a reader that has not emptied
     # its ring yet; the ranks meet in every round's all_reduce, so that is about a
     # round's messages (one 256 KiB message past it on a quiet host, and 160 bytes more
