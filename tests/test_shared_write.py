@@ -257,3 +257,49 @@ def test_large_ring_messages_arrive_whichever_way_they_are_written(write, helper
     writes = run_ranks(2, _ring_messages, write, env=env)
     # each rank's all_gather sends (and the root's broadcast) through its ring writer
     assert all(w >= 3 * EXPLORE // 2 for w in writes), writes
+
+
+def _state_messages(rank, world, write, n):
+    """broadcast_state of n small arrays (128 B to 128 KiB) synced again and again at
+    world 2, where the root sends the state as one message gathered from its arrays
+    (one piece for 30 of them, 602 KiB; chunks for 81, 1.5 MB), under each way of
+    writing it; how many times the root's rings chose a method for a message of the
+    state's size (the gatherer's choice is made once a message), and whether every
+    sync's bytes arrived."""
+    import accord as dist
+    shared_write.FORCE = write
+    sizes = [max(1, int(128 * 1024 ** (i / (n - 1))) // 4) for i in range(n)]
+    total = 4 * sum(sizes)
+    chosen = [0]
+    real = shared_write.SharedWriter.choose
+
+    def counted(self, nbytes):
+        chosen[0] += nbytes == total
+        return real(self, nbytes)
+    shared_write.SharedWriter.choose = counted
+    sd = {f"layer{i}.w": np.zeros(s, np.float32) for i, s in enumerate(sizes)}
+    for k in range(3 * RUN + 4):
+        if rank == 0:
+            for i, a in enumerate(sd.values()):
+                a[:] = np.arange(len(a), dtype=np.float32) * (k + 1) + i
+        else:
+            for a in sd.values():
+                a[:] = -1
+        dist.broadcast_state(sd, src=0)
+        for i, a in enumerate(sd.values()):
+            assert np.array_equal(a, np.arange(len(a), dtype=np.float32) * (k + 1) + i), \
+                (n, k, i)
+    return chosen[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("helper", ["1", "0"], ids=["ring-helper", "pure-rings"])
+@pytest.mark.parametrize("write", [None, "memcpy", "stream"])
+@pytest.mark.parametrize("n", [30, 81], ids=["one-piece", "chunks"])
+def test_a_state_gathered_into_the_ring_arrives_whichever_way_it_is_written(n, write, helper):
+    from harness import run_ranks
+    env = {"ACCORD_TRANSPORT": "shm", "ACCORD_RING_HELPER": helper}
+    chosen = run_ranks(2, _state_messages, write, n, env=env)
+    # the root chose once a sync from the third (the second sighting of the dict makes
+    # its entry, which later syncs send ahead), the receiver never (it sends its row)
+    assert chosen[0] >= 3 * RUN + 2 and chosen[1] == 0, chosen

@@ -191,12 +191,13 @@ def p2p_cap(cap):
 
 
 class _Send:
-    __slots__ = ("peer", "parts", "part", "off", "done", "seq", "keep")
+    __slots__ = ("peer", "parts", "part", "off", "done", "seq", "keep", "gathering")
 
     def __init__(self, peer, parts, seq=0, keep=None):
         self.peer, self.parts, self.seq, self.keep = peer, parts, seq, keep
         self.part = self.off = 0
         self.done = False
+        self.gathering = None   # a ByteStream part's [streams, timed, seconds] (push)
 
 
 _SENT = _Send(-1, ())          # the record of every send written at once: done
@@ -254,8 +255,10 @@ class _Link(StashMatching):
             self.wake_n, self.rewind) if ring_helper.wanted() else None
         # how a large write into the ring goes (memcpy or streaming stores, timed:
         # shared_write.py), the helper's one-piece put and push()'s chunks alike; made
-        # with the first one
+        # with the first one; a message gathered from many buffers has its own
+        # (_new_gatherer)
         self.writer = None
+        self.gatherer = None
 
     def poke_data(self, rendezvous=False):
         """New data is in our outgoing ring: wake the peer if it sleeps waiting for it.
@@ -310,12 +313,7 @@ class _Link(StashMatching):
                 pos = (head + wrote) % cap
                 first = min(k, cap - pos)
                 if part.__class__ is ByteStream:
-                    # gathered as it goes in, by memcpy: a state of many small tensors
-                    # (300, 5.5 MB at world 2) took up to 1.4x as long with the timed
-                    # choice, its chunks' times telling little of the views' copies
-                    part.gather(ring[pos:pos + first], s.off, s.off + first)
-                    if first < k:
-                        part.gather(ring[0:k - first], s.off + first, s.off + k)
+                    self._gather_chunk(s, part, ring, pos, first, k)
                 else:
                     w = self.writer or self._new_writer()
                     w.copy(ring[pos:pos + first], part[s.off:s.off + first])
@@ -326,6 +324,7 @@ class _Link(StashMatching):
                 if s.off == len(part):
                     s.part += 1
                     s.off = 0
+                    s.gathering = None
                     if s.part == len(s.parts):
                         self.sends.popleft()
                         if s.seq:
@@ -339,6 +338,42 @@ class _Link(StashMatching):
             self.poke_data(rendezvous)
         return moved
 
+    def _gather_chunk(self, s, part, ring, pos, first, k):
+        """Gather part's bytes s.off..s.off + k into the ring at pos (first of them before
+        its end, the rest from its start): a ByteStream written in chunks goes by one
+        method, chosen at its first chunk, and its copies' time is summed over them
+        and recorded as one (the gatherer's samples are whole messages; see
+        _new_gatherer)."""
+        g = s.gathering
+        if g is None:
+            w = self.gatherer or self._new_gatherer()
+            g = s.gathering = [*w.choose(len(part)), 0.0]
+        streams, timed = g[0], g[1]
+        t0 = time.perf_counter() if timed else 0.0
+        part.gather(ring[pos:pos + first], s.off, s.off + first, streams)
+        if first < k:
+            part.gather(ring[0:k - first], s.off + first, s.off + k, streams)
+        if timed:
+            g[2] += time.perf_counter() - t0
+            if s.off + k == len(part):
+                self.gatherer.record(streams, g[2] / len(part))
+
+    def _new_gatherer(self):
+        """This ring's SharedWriter for messages gathered from many buffers (ByteStreams:
+        broadcast_state's tensors at two ranks), made with the first one.
+
+        Apart from the contiguous messages' writer, and timed a whole message at a
+        time: a byte of a gather costs more where its views are small, so a chunk's
+        time tells of which tensors it held (with the contiguous writer and a chunk's
+        time, 300 small tensors took up to 1.4x as long), while a state synced again
+        is the same views every call. Its memcpy is most of the time the faster; in
+        stretches where every line it writes is held by the reader's cache, the root's
+        gather of 81 small tensors (1.5 MB) took 13x its calm time and the sync 3-6x,
+        streaming stores about 1.2x (benchmarks/results/small-messages.md)."""
+        streams = shared_write.available() and (self.fast is None or ring_helper.streams())
+        self.gatherer = shared_write.SharedWriter(streams=streams)
+        return self.gatherer
+
     def _new_writer(self):
         """This ring's SharedWriter (shared_write.py): how its large writes go, memcpy or
         streaming stores, timed; made with the first one."""
@@ -348,8 +383,12 @@ class _Link(StashMatching):
 
     def _put_timed(self, header, buf, n):
         """The helper's put of a large message, by memcpy or streaming stores as this
-        ring's SharedWriter chooses, the put timed where it asks (shared_write.py)."""
-        w = self.writer or self._new_writer()
+        ring's SharedWriter chooses (its gatherer for a ByteStream), the put timed where
+        it asks (shared_write.py)."""
+        if buf.__class__ is ByteStream:
+            w = self.gatherer or self._new_gatherer()
+        else:
+            w = self.writer or self._new_writer()
         stream, timed = w.choose(n)
         if not timed:
             return self.fast.put(self.o_head, header, 0, buf, stream)
@@ -360,13 +399,13 @@ class _Link(StashMatching):
         return head
 
     def write_inline(self, header, buf, n):
-        """A message that fits in one contiguous piece: write, publish, wake (a contiguous
-        one of MIN_BYTES or more as this ring's SharedWriter chooses: shared_write.py;
-        a ByteStream by memcpy).
+        """A message that fits in one contiguous piece: write, publish, wake (one of
+        MIN_BYTES or more as this ring's SharedWriter chooses: shared_write.py; a
+        ByteStream as its gatherer does).
 
         header: its bytes, or a Stamp (packed straight into the ring)."""
         if self.fast is not None and header.__class__ is not bytes:
-            if n < shared_write.MIN_BYTES or buf.__class__ is ByteStream:
+            if n < shared_write.MIN_BYTES:
                 head = self.fast.put(self.o_head, header, 0, buf)
             else:
                 head = self._put_timed(header, buf, n)
@@ -391,10 +430,13 @@ class _Link(StashMatching):
             ring[pos:pos + HEADER_SIZE] = header
         else:
             header.pack_into(ring, pos, n)
-        if n >= shared_write.MIN_BYTES and buf.__class__ is not ByteStream:
-            # memcpy or streaming stores, timed (a ByteStream by memcpy, as in push)
-            w = self.writer or self._new_writer()
-            w.copy(ring[pos + HEADER_SIZE:end], buf)
+        if n >= shared_write.MIN_BYTES:
+            # memcpy or streaming stores, timed
+            if buf.__class__ is ByteStream:
+                (self.gatherer or self._new_gatherer()).gather(ring[pos + HEADER_SIZE:end],
+                                                               buf, 0)
+            else:
+                (self.writer or self._new_writer()).copy(ring[pos + HEADER_SIZE:end], buf)
         elif n:
             if buf.__class__ is ByteStream:
                 buf.gather(ring[pos + HEADER_SIZE:end], 0, n)
