@@ -1,15 +1,18 @@
 """Large writes into shared memory: memcpy, streaming stores, or the timed choice, in one run.
 
     .venv/bin/python benchmarks/bench_shared_write.py [-n 4] [--ops broadcast,all_gather]
-        [--sizes 1M] [--blocks 30] [--calls 300] [--out FILE]
+        [--sizes 1M] [--tensors 10] [--blocks 30] [--calls 300] [--out FILE]
 
 Beyond two ranks over shared memory, a large broadcast's root (and every rank of
 a large all_gather, each partner of all_reduce's halving steps, and the root of a
-repeated broadcast_state: `--ops state`, ten arrays of SIZE bytes in all) writes
+repeated broadcast_state: `--ops state`, --tensors arrays of SIZE bytes in all) writes
 its piece once into its shared slot and the peers copy it out
 (transport/slots.py); a message of up to 1 MiB that fits its ring in one piece
 (a scatter's blocks: `--ops scatter`; any op at world 2) is written into it in
-one go by the ring helper (transport/shm.py).
+one go by the ring helper (transport/shm.py). At world 2 a repeated
+broadcast_state's root writes the state into the ring as one message gathered
+from its arrays, in one piece up to 1 MiB, in chunks beyond, as the ring's own
+gatherer chooses (transport/shm.py, _new_gatherer).
 How fast that write goes moves by itself every few seconds on a virtual machine
 (transport/shared_write.py), so the three ways of writing are compared in turns
 inside one run: block k uses memcpy, streaming stores, then the timed choice
@@ -61,9 +64,10 @@ def worker(args):
         for size in (parse_size(s) for s in args.sizes.split(",")):
             x = np.ones(size // 4, np.float32)
             out = np.empty(size // 4 * w, np.float32)
-            # "state": 10 float32 arrays of geometric sizes, SIZE bytes in all, synced
-            # again and again (broadcast_state's root writes them into its slot)
-            cuts = np.geomspace(1, 1024, 10)
+            # "state": --tensors float32 arrays of geometric sizes, SIZE bytes in all,
+            # synced again and again (broadcast_state's root writes them into its
+            # slot, or at world 2 into its ring)
+            cuts = np.geomspace(1, 1024, args.tensors)
             blocks_in = [np.ones(size // 4, np.float32) for _ in range(w)]
             state = {f"t{i}": np.ones(max(1, int(size / 4 * c / cuts.sum())), np.float32)
                      for i, c in enumerate(cuts)}
@@ -133,6 +137,8 @@ def main():
     ap.add_argument("-n", type=int, default=4, help="world size (slots need 3 or more)")
     ap.add_argument("--ops", default="broadcast,all_gather")
     ap.add_argument("--sizes", default="1M")
+    ap.add_argument("--tensors", type=int, default=10,
+                    help="arrays in --ops state's state (geometric sizes over a factor of 1024)")
     ap.add_argument("--blocks", type=int, default=30, help="blocks per method")
     ap.add_argument("--calls", type=int, default=300, help="calls per block")
     ap.add_argument("--out", default=None, help="markdown file to write")
@@ -144,7 +150,8 @@ def main():
     import json
     load0 = " ".join(f"{v:.2f}" for v in os.getloadavg())
     cmd = [sys.executable, "-m", "accord", "run", "-n", str(args.n), os.path.abspath(__file__),
-           "--worker", "--ops", args.ops, "--sizes", args.sizes, "--blocks", str(args.blocks),
+           "--worker", "--ops", args.ops, "--sizes", args.sizes, "--tensors", str(args.tensors),
+           "--blocks", str(args.blocks),
            "--calls", str(args.calls)]
     out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)

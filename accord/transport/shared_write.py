@@ -36,10 +36,15 @@ benchmarks/results/shared-write-w2-epyc-21.md).
 
 A ring's large messages (transport/shm.py: one piece of up to 1 MiB, written by
 the ring helper's put, whose whole time is what is compared; larger ones in
-chunks) are chosen for alike, one SharedWriter a ring, but for a message gathered
-from many buffers (a ByteStream: broadcast_state's tensors at two ranks), which
-goes by memcpy: 300 small tensors (5.5 MB) took up to 1.4x as long with the timed
-choice, its chunks' times telling little of the many small copies in them.
+chunks) are chosen for alike, one SharedWriter a ring. A message gathered from
+many buffers (a ByteStream: broadcast_state's tensors at two ranks) has a second
+one, whose samples are whole messages, every chunk of one written the same way:
+a chunk's time per byte tells how small its buffers were (with the ring's writer
+and chunk times, 300 small tensors took up to 1.4x as long), while a state synced
+again is the same buffers every call. In a stretch where the root's memcpy of 81
+small tensors (1.5 MB) into the ring took 13x its calm time, syncs took 710-770 µs
+by memcpy and 170-220 with the timed choice (streaming); in calm stretches it keeps
+to memcpy, as fast (benchmarks/results/small-messages.md).
 
 Pieces under MIN_BYTES are copied by memcpy: their times are too short to tell
 the two apart, and streaming them only pushes them out of the cache. Streaming
