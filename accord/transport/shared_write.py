@@ -44,7 +44,8 @@ and chunk times, 300 small tensors took up to 1.4x as long), while a state synce
 again is the same buffers every call. In a stretch where the root's memcpy of 81
 small tensors (1.5 MB) into the ring took 13x its calm time, syncs took 710-770 µs
 by memcpy and 170-220 with the timed choice (streaming); in calm stretches it keeps
-to memcpy, as fast (benchmarks/results/small-messages.md).
+to memcpy (syncs 1.03x memcpy's time, the median of 14 runs' ratios;
+benchmarks/results/small-messages.md).
 
 Pieces under MIN_BYTES are copied by memcpy: their times are too short to tell
 the two apart, and streaming them only pushes them out of the cache. Streaming
