@@ -369,7 +369,7 @@ class _Link(StashMatching):
         is the same views every call. Its memcpy is most of the time the faster; in
         stretches where every line it writes is held by the reader's cache, the root's
         gather of 81 small tensors (1.5 MB) took 13x its calm time and a sync 257-577 µs
-        by memcpy, 200-263 by streaming stores, where calm runs took 120-210 by memcpy
+        by memcpy, 200-263 by streaming stores, where calm runs took 120-220 by memcpy
         (benchmarks/results/small-messages.md)."""
         streams = shared_write.available() and (self.fast is None or ring_helper.streams())
         self.gatherer = shared_write.SharedWriter(streams=streams)
