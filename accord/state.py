@@ -382,7 +382,8 @@ def _goes_ahead(c, e, forced):
     """Whether the root, holding entry e, sends its pieces right behind its row, before
     it knows that the others agree, no algorithm forced: where the group has shared
     slots (beyond two ranks over shared memory), a state of any size; two ranks over
-    shared memory (AHEAD_PAIR), a state of any size, through the ring; else a small
+    shared memory (AHEAD_PAIR), through the ring, a state under the single-copy
+    threshold, or of any size where single copy is off (_pair_by_address); else a small
     state (under AHEAD_MAX, in at most AHEAD_PIECES pieces), through the transport.
     At world 2 the copy by address waits for the agreement's round first, and for 10
     or 30 small tensors (238 and 602 KiB) the rings behind the row took 0.75-0.85x its
@@ -401,13 +402,32 @@ def _goes_ahead(c, e, forced):
         # copied out by each: at worlds 3, 4 and 8 faster than the copy by address at
         # every size measured, 81 tensors (1.5 MiB) to 100 (50 MiB)
         return True
-    if AHEAD_PAIR and c.size == 2 and c.scatters:
+    if AHEAD_PAIR and c.size == 2 and c.scatters and not _pair_by_address(c, e):
         # one message gathered from the root's tensors and scattered into the
-        # receiver's as it streams through the ring, both copying at once: 300 small
-        # tensors (5.5 MB) 0.92x the copy by address's time, 100 tensors of 16 MiB in
-        # all 0.93x, of 50 MiB 0.79x (paired rounds, benchmarks/results/small-messages.md)
+        # receiver's as it streams through the ring, both copying at once
         return True
     return len(pieces) <= AHEAD_PIECES and e.nbytes < AHEAD_MAX
+
+
+def _pair_by_address(c, e):
+    """Whether two ranks copy entry e's state by address once the rows are in, rather
+    than through the ring behind the root's row: where single copy runs between them
+    (segments_applies) and the state is of the single-copy threshold or more, the size
+    from which a broadcast of as many bytes goes single-copy too (4 MiB, or 1 MiB where
+    the group's probe found single copy faster; at two ranks the ring holds 4 MiB).
+
+    A state the ring cannot hold whole keeps the root copying into it until the
+    receiver has copied most of it out, so the root no longer finishes first and runs
+    ahead into its next call, and both copies, in and out, are on the path; by address
+    each rank copies half, once. On two 2-vCPU hosts, ring / by address: 300 small
+    tensors (5.5 MB) 1.17-1.28x in step and 0.95-1.50x back to back (8 of 9 runs slower
+    on the ring, one even), 100 tensors of 16 and 50 MiB 1.02-1.41x in step and
+    1.04-1.24x back to back; on the other host 1.01x or more in six of seven runs at 300
+    tensors, 1.05-1.44x at 16 and 50 MiB (benchmarks/results/small-messages.md).
+    Under the threshold (81 tensors, 1.5 MB: 0.83-1.00x back to back) the ring stays."""
+    if not segments_applies(c):
+        return False
+    return e.nbytes >= c.peer_memory.min_bytes
 
 
 def _slotted_ahead(c, npieces):

@@ -1,7 +1,8 @@
-"""broadcast_state synced again over shared memory: at two ranks a state of any size
-behind the root's row in the agreement's call, one message through the ring (with
-state.AHEAD_PAIR off, one of 1 MiB or more copied from each root tensor straight into
-the receiver's: process_vm_readv / writev over lists of segments, no packing); beyond
+"""broadcast_state synced again over shared memory: at two ranks a state under the
+single-copy threshold (4 MiB) behind the root's row in the agreement's call, one message
+through the ring, and one of the threshold or more (with state.AHEAD_PAIR off, of 1 MiB
+or more) copied from each root tensor straight into the receiver's once the rows are in:
+process_vm_readv / writev over lists of segments, no packing; beyond
 two, through the root's shared slot in chunks (by address only in an arena without
 slots). Every rank must end with the root's bytes,
 whichever path each call takes, however the dicts change between calls. (A mismatch after syncs by address:
@@ -141,6 +142,28 @@ def test_two_ranks_send_a_large_state_behind_the_roots_row_through_the_ring(stat
     # 1.2 MB and more: one message gathered from the root's tensors, streamed through
     # the ring in pieces and scattered into the receiver's as it comes
     assert run_ranks(2, _steady, state_fn, 5, kwargs) == [["ahead"] * 3] * 2
+
+
+def _past_threshold(rank, world, mib):
+    # the state of _bulky(_state) with its bulk tensor grown to `mib` MiB
+    def make():
+        s = _state()
+        s["bulk"] = np.full(mib << 18, -1, np.float32)
+        return s
+    return _steady(rank, world, make, 5, {})
+
+
+@pytest.mark.parametrize("env,mib,way", [
+    ({}, 5, "address"),                         # 5.2 MiB: the threshold is 4 MiB
+    ({}, 3, "ahead"),                           # 3.2 MiB: the ring holds it whole
+    ({"ACCORD_SHM_CMA": "1M"}, 1, "address"),   # 1.2 MiB against a threshold of 1 MiB
+    ({"ACCORD_SHM_CMA": "0"}, 5, "ahead"),      # no single copy: the ring at any size
+], ids=["5M", "3M", "1M-threshold", "no-single-copy"])
+def test_two_ranks_copy_a_state_past_the_single_copy_threshold_by_address(env, mib, way):
+    took = run_ranks(2, _past_threshold, mib, env=env)
+    # calls 3-5: by address every bucket once the rows are in, or ahead behind the row
+    n = len(took[0]) // 3
+    assert took[0] == took[1] == [way] * n * 3 and n >= 1, took
 
 
 def _large():
