@@ -46,8 +46,9 @@ through the rings. Every rank holding an entry, the buckets move in the agreemen
 own call.
 
 A root holding an entry does not wait for the agreement before it sends over shared
-memory at any size (beyond two ranks through its shared slot where the arena holds
-them; at two ranks through the ring), elsewhere for a small state (under 1 MiB, every
+memory (beyond two ranks through its shared slot where the arena holds them, at any
+size; at two ranks through the ring, under the single-copy threshold, from which the
+state is copied by address as above), elsewhere for a small state (under 1 MiB, every
 bucket going through the transport): its pieces follow its row in the same step
 (through the transport, as one message gathered from its tensors), and each
 receiver takes them once it holds every row, into its tensors where the structures
@@ -223,9 +224,10 @@ _ENTRY, _AHEAD, _SLOTTED = 1, 2, 3
 AHEAD_SLOT = True
 AHEAD_MAX = SEGMENTS_MIN_WIDE
 AHEAD_PIECES = 64
-# two ranks over a medium that fills a ByteStream in place (shared memory) send ahead at
-# any size, the state one message through the ring, where it went by address after the
-# agreement from AHEAD_MAX (False; bench_ahead.py -n 2 times the two in turn)
+# two ranks over a medium that fills a ByteStream in place (shared memory) send ahead
+# under the single-copy threshold (at any size where single copy is off), the state one
+# message through the ring, where it goes by address after the agreement from AHEAD_MAX
+# (False; bench_ahead.py -n 2 times the two in turn); see _pair_by_address
 AHEAD_PAIR = True
 
 
