@@ -298,7 +298,9 @@ def _state_messages(rank, world, write, n):
 @pytest.mark.parametrize("n", [30, 81], ids=["one-piece", "chunks"])
 def test_a_state_gathered_into_the_ring_arrives_whichever_way_it_is_written(n, write, helper):
     from harness import run_ranks
-    env = {"ACCORD_TRANSPORT": "shm", "ACCORD_RING_HELPER": helper}
+    # the single-copy threshold pinned at its default (4 MiB), under which two ranks
+    # send a repeated state through the ring (the probe may lower it to 1 MiB)
+    env = {"ACCORD_TRANSPORT": "shm", "ACCORD_RING_HELPER": helper, "ACCORD_SHM_CMA": "4M"}
     chosen = run_ranks(2, _state_messages, write, n, env=env)
     # the root chose once a sync from the third (the second sighting of the dict makes
     # its entry, which later syncs send ahead), the receiver never (it sends its row)

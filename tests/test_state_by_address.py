@@ -73,6 +73,11 @@ def _state(n=12, dtype=np.float32, start=3):
     return {f"p{i}": np.full(int(start * 1.9 ** i), -1, dtype) for i in range(n)}
 
 
+# the single-copy threshold at its default, which the group's probe would lower to 1 MiB
+# where it found single copy faster (transport/cma_threshold.py)
+_THRESHOLD_4M = {"ACCORD_SHM_CMA": "4M"}
+
+
 def _no_pair():
     """Two ranks copy a state of 1 MiB or more by address: turn off sending it behind
     the root's row through the ring (state.AHEAD_PAIR), the default over shared memory."""
@@ -139,9 +144,12 @@ def test_two_ranks_send_a_small_state_behind_the_roots_row(state_fn, kwargs):
     (_bulky(_state), {}), (_bulky(_mixed), {"bucket_bytes": 16 << 10}), (_bulky(_many), {}),
 ], ids=["one-bucket", "small-buckets", "2500-tensors"])
 def test_two_ranks_send_a_large_state_behind_the_roots_row_through_the_ring(state_fn, kwargs):
-    # 1.2 MB and more: one message gathered from the root's tensors, streamed through
-    # the ring in pieces and scattered into the receiver's as it comes
-    assert run_ranks(2, _steady, state_fn, 5, kwargs) == [["ahead"] * 3] * 2
+    # 1.2 MB and more, under the single-copy threshold (pinned at its default, 4 MiB:
+    # where the group's probe finds single copy faster it is 1 MiB): one message
+    # gathered from the root's tensors, streamed through the ring in pieces and
+    # scattered into the receiver's as it comes
+    assert run_ranks(2, _steady, state_fn, 5, kwargs, env=_THRESHOLD_4M) == \
+        [["ahead"] * 3] * 2
 
 
 def _past_threshold(rank, world, mib):
@@ -154,8 +162,8 @@ def _past_threshold(rank, world, mib):
 
 
 @pytest.mark.parametrize("env,mib,way", [
-    ({}, 5, "address"),                         # 5.2 MiB: the threshold is 4 MiB
-    ({}, 3, "ahead"),                           # 3.2 MiB: the ring holds it whole
+    (_THRESHOLD_4M, 5, "address"),              # 5.2 MiB
+    (_THRESHOLD_4M, 3, "ahead"),                # 3.2 MiB: the ring holds it whole
     ({"ACCORD_SHM_CMA": "1M"}, 1, "address"),   # 1.2 MiB against a threshold of 1 MiB
     ({"ACCORD_SHM_CMA": "0"}, 5, "ahead"),      # no single copy: the ring at any size
 ], ids=["5M", "3M", "1M-threshold", "no-single-copy"])
