@@ -41,9 +41,10 @@ many buffers (a ByteStream: broadcast_state's tensors at two ranks) has a second
 one, whose samples are whole messages, every chunk of one written the same way:
 a chunk's time per byte tells how small its buffers were (with the ring's writer
 and chunk times, 300 small tensors took up to 1.4x as long), while a state synced
-again is the same buffers every call. In a stretch where the root's memcpy of 81
-small tensors (1.5 MB) into the ring took 13x its calm time, syncs took 710-770 µs
-by memcpy and 170-220 with the timed choice (streaming); in calm stretches it keeps
+again is the same buffers every call. In a slow stretch the root's memcpy of 81 small
+tensors (1.5 MB) into the ring took 13x its calm time (one profiled run), and in the
+blocks of a benchmark run that fell in one syncs took 314-770 µs by memcpy and 171-216
+with the timed choice (streaming); in calm stretches it keeps
 to memcpy (syncs 1.03x memcpy's time, the median of 14 runs' ratios;
 benchmarks/results/small-messages.md).
 
