@@ -174,9 +174,10 @@ class _Entry:
             self._bytes = ByteStream(self.views)
         return self._bytes
 
-    def valid_for(self, tree, vals):
-        """Whether tree still holds exactly the tensors this entry describes."""
-        if len(vals) != len(self.refs) or list(tree) != self.keys:
+    def valid_for(self, keys, vals):
+        """Whether keys and vals (a dict's, in order) are still exactly the tensors this
+        entry describes."""
+        if len(vals) != len(self.refs) or keys != self.keys:
             return False
         if self.metas.__class__ is tuple:
             # torch tensors (_metas' lists and flag): each one's address, shape, dtype
@@ -229,13 +230,18 @@ def lookup(g, tree, bucket_bytes, is_root, owner=None):
     is_root: whether this rank sends (a receiver's entry was made where its arrays are
     writable); owner: what the entry is kept under, when not the dict itself (a module,
     whose state_dict is a new dict every call: its tensors are checked all the same)."""
-    e = _ENTRIES.get((id(tree if owner is None else owner), id(g), bucket_bytes, is_root))
-    if e is None:
+    return lookup_items(g, list(tree), list(tree.values()), bucket_bytes, is_root,
+                        tree if owner is None else owner)
+
+
+def lookup_items(g, keys, vals, bucket_bytes, is_root, owner):
+    """lookup() for a dict given as its keys and values, in order (a module's
+    state_dict() entries found without making the dict: module_state.py); owner: what
+    the entry is kept under."""
+    e = _ENTRIES.get((id(owner), id(g), bucket_bytes, is_root))
+    if e is None or not e.valid_for(keys, vals):
         return None, None
-    vals = list(tree.values())
-    if e.valid_for(tree, vals):
-        return e, vals
-    return None, None
+    return e, vals
 
 
 def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces_of,

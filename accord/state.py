@@ -71,7 +71,7 @@ import threading
 
 import numpy as np
 
-from . import api, flat_state, objects, plans
+from . import api, flat_state, module_state, objects, plans
 from .byte_stream import ByteStream
 from .args import root_rank
 from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
@@ -718,24 +718,32 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     module = obj if _is_module(obj) else None
     # a module's own parameters and buffers (keep_vars: the same tensor objects every
     # call, where state_dict() makes new ones), so that a module synced again is
-    # remembered as a dict is (flat_state.py); the bytes are the same either way
-    tree = module.state_dict(keep_vars=True) if module is not None else obj
-    if type(tree) in flat_state.FLAT_TYPES and not async_op and g.size > 1:
-        # the same dict of the same tensors as last time (flat_state.py)
-        e, vals = flat_state.lookup(g, tree, bucket_bytes, is_root, obj)
-        if e is not None:
-            _, moved = _agree(g, root, e.digest, bucket_bytes, False, timeout,
-                              lambda: _explain(flatten(tree, writable=not is_root),
-                                               bucket_bytes),
-                              e, lambda c, verdict: _move_all(c, root, e, verdict,
-                                                              g.options.algorithms),
-                              lambda: e.stream()[:2] + (None,))
-            if not moved:
-                # some rank took the general path (its dict is new to it): a call per
-                # bucket, as that rank makes them
-                for b in e.buckets:
-                    _broadcast_flat(g, root, b, timeout)
-            return obj
+    # remembered as a dict is (flat_state.py); the bytes are the same either way. A
+    # module shaped as at its last sync gives them without state_dict() (module_state.py)
+    fast = not async_op and g.size > 1
+    items = module_state.lookup(module) if module is not None and fast else None
+    e = tree = None
+    if items is not None:
+        e, _ = flat_state.lookup_items(g, items[0], items[1], bucket_bytes, is_root, obj)
+    if e is None:
+        tree = module.state_dict(keep_vars=True) if module is not None else obj
+        if type(tree) in flat_state.FLAT_TYPES and fast:
+            # the same dict of the same tensors as last time (flat_state.py)
+            e, _ = flat_state.lookup(g, tree, bucket_bytes, is_root, obj)
+    if e is not None:
+        def explain():
+            t = tree if tree is not None else module.state_dict(keep_vars=True)
+            return _explain(flatten(t, writable=not is_root), bucket_bytes)
+        _, moved = _agree(g, root, e.digest, bucket_bytes, False, timeout, explain,
+                          e, lambda c, verdict: _move_all(c, root, e, verdict,
+                                                          g.options.algorithms),
+                          lambda: e.stream()[:2] + (None,))
+        if not moved:
+            # some rank took the general path (its dict is new to it): a call per
+            # bucket, as that rank makes them
+            for b in e.buckets:
+                _broadcast_flat(g, root, b, timeout)
+        return obj
     leaves, sig = flatten(tree, writable=not is_root)
     if g.size == 1:
         return completed_work("broadcast_state") if async_op else obj
@@ -747,8 +755,10 @@ def broadcast_state(obj: Any, src: Optional[int] = None, group: Optional[Process
     _, moved = _agree(g, root, digest, bucket_bytes, any(l.error for l in leaves), timeout,
                       lambda: _explain((leaves, sig), bucket_bytes),
                       into=lambda: _receive_into(buckets()))
-    flat_state.remember(g, tree, bucket_bytes, is_root, leaves, digest, SMALL_BYTES,
-                        _cuts, lambda n, size: _cuts(n, size, PACKED_PIECE_BYTES), obj)
+    if flat_state.remember(g, tree, bucket_bytes, is_root, leaves, digest, SMALL_BYTES,
+                           _cuts, lambda n, size: _cuts(n, size, PACKED_PIECE_BYTES),
+                           obj) is not None and module is not None:
+        module_state.remember(module, tree)
     if moved:
         # the root sent its pieces with its row, and this rank took them into its tensors
         # (a root never does that from here, nor with object leaves: see _goes_ahead)
