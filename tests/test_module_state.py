@@ -6,7 +6,6 @@ Whatever is done to the module between two calls, lookup() must return exactly w
 same tensor objects), or None; and for a module left alone, or one whose submodule was
 swapped for another of the same shape, it must not return None (else it saves nothing).
 """
-import numpy as np
 import pytest
 
 from tests.harness import run_ranks
@@ -214,4 +213,18 @@ def test_broadcast_state_of_a_module_that_changes_between_calls():
         assert ok7 and extra, rank
         assert "['1.2.bias']: missing on rank %d" % last in dict(
             (t[0], t[1]) for t in seen)["none"]
-    assert np is not None
+
+
+def test_the_benchmark_times_the_module_and_the_dict():
+    import os
+    import re
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "accord", "run", "-n", "2",
+                          os.path.join(root, "benchmarks", "bench_module_state.py")],
+                         capture_output=True, text=True, timeout=50, cwd=root)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    got = re.search(r"\{'module': \[([\d.]+), ([\d.]+)\], 'dict': \[([\d.]+), ([\d.]+)\]\}",
+                    out.stdout)
+    assert got and all(float(x) > 0 for x in got.groups()), out.stdout
