@@ -76,12 +76,12 @@ def remember(module, tree) -> None:
     nodes, keys = [], []
     try:
         ok = _learn(module, "", nodes, keys) and keys == list(tree)
-    except (AttributeError, TypeError):         # not shaped like torch.nn.Module
+        if ok:
+            vals = _values(module, nodes)
+            ok = vals is not None and len(vals) == len(tree) and \
+                all(v is t for v, t in zip(vals, tree.values()))
+    except (KeyError, AttributeError, TypeError):   # not made as torch.nn.Module makes one
         ok = False
-    if ok:
-        vals = _values(module, nodes)
-        ok = vals is not None and len(vals) == len(tree) and \
-            all(v is t for v, t in zip(vals, tree.values()))
     try:
         if ok:
             # tree's own key strings, which flat_state's entry holds too (compared by
