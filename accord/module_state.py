@@ -6,8 +6,8 @@ an OrderedDict, a key string per tensor): 85 µs a call for a model of 40 module
 again is almost always shaped as it was the last time, so after a call that took
 state_dict() this remembers the shape of the result (each submodule's class and its
 parameter, buffer and child names, in state_dict's order), and on the next call walks
-the module comparing: the same classes, no state-dict hooks, the same names, no
-parameter or buffer set to None, the same buffers persistent. Where all match, the
+the module comparing: the same classes, no state-dict hooks, the same names, the
+same parameters, buffers and children set (not None), the same buffers persistent. Where all match, the
 entries are the keys remembered and the tensors found now, which is what
 state_dict() would return (33-35 µs for the same model, one process); where anything
 differs, or where state_dict() is not the
@@ -20,28 +20,40 @@ and the tensors' addresses, shapes, dtypes and layouts are flat_state's to check
 from __future__ import annotations
 
 import weakref
-from itertools import chain
 from typing import List, Optional, Tuple
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class _Node:
-    """One submodule as state_dict() saw it: its class, its parameters' and buffers'
-    names (every one set, in the dicts' order), which buffers were not persistent, its
-    children's names (every one set)."""
-    __slots__ = ("cls", "pk", "bk", "nb", "kept", "ck")
+    """One submodule as state_dict() saw it: its class; its parameters', buffers' and
+    children's names in the dicts' order (pk, bk, ck), and of those the ones
+    state_dict() took (pset: parameters not None; bset: buffers not None and
+    persistent; cset: children not None), with whether every one was set (then a count
+    tells on a later call: the quick check); which buffers were not persistent."""
+    __slots__ = ("cls", "pk", "bk", "nb", "ck", "pset", "bset", "cset", "pall", "ball",
+                 "call")
 
     def __init__(self, m):
+        p, b, c = m._parameters, m._buffers, m._modules
         self.cls = type(m)
-        self.pk, self.bk, self.ck = tuple(m._parameters), tuple(m._buffers), tuple(m._modules)
-        self.nb = frozenset(m._non_persistent_buffers_set)
-        self.kept = sum(1 for k in self.bk if k not in self.nb)   # persistent buffers
+        self.pk, self.bk, self.ck = tuple(p), tuple(b), tuple(c)
+        self.nb = nb = frozenset(m._non_persistent_buffers_set)
+        self.pset = _set_keys(p)
+        self.bset = _set_keys(b, nb)
+        self.cset = _set_keys(c)
+        self.pall = len(self.pset) == len(p)
+        self.ball = all(v is not None for v in b.values())
+        self.call = len(self.cset) == len(c)
+
+
+def _set_keys(d, skip=frozenset()):
+    """The keys of d whose values are not None and that are not in skip, in order."""
+    return tuple(k for k, v in d.items() if v is not None and k not in skip)
 
 
 def _plain(m):
-    """Whether m saves its state as torch.nn.Module does: no override, no hook, nothing
-    unset among its parameters, buffers and children."""
+    """Whether m saves its state as torch.nn.Module does: no override, no hook."""
     import torch.nn as nn
     cls = type(m)
     return (cls.state_dict is nn.Module.state_dict and
@@ -49,9 +61,7 @@ def _plain(m):
             getattr(cls, "get_extra_state", nn.Module.get_extra_state)
             is nn.Module.get_extra_state and
             "state_dict" not in m.__dict__ and "_save_to_state_dict" not in m.__dict__ and
-            not m._state_dict_hooks and not m._state_dict_pre_hooks and
-            all(v is not None for v in chain(m._parameters.values(), m._buffers.values(),
-                                             m._modules.values())))
+            not m._state_dict_hooks and not m._state_dict_pre_hooks)
 
 
 def _learn(m, prefix, nodes, keys):
@@ -59,12 +69,12 @@ def _learn(m, prefix, nodes, keys):
     nodes and keys in its order; False where a submodule is not plain."""
     if not _plain(m):
         return False
-    nodes.append(_Node(m))
-    keys += [prefix + k for k in m._parameters]
-    nb = m._non_persistent_buffers_set
-    keys += [prefix + k for k in m._buffers if k not in nb]
-    for name, child in m._modules.items():
-        if _learn(child, prefix + name + ".", nodes, keys) is False:
+    node = _Node(m)
+    nodes.append(node)
+    keys += [prefix + k for k in node.pset]
+    keys += [prefix + k for k in node.bset]
+    for name in node.cset:
+        if _learn(m._modules[name], prefix + name + ".", nodes, keys) is False:
             return False
     return True
 
@@ -111,8 +121,9 @@ def _values(module, nodes):
             if tuple(p) != node.pk:
                 return None
             got = [v for v in p.values() if v is not None]
-            if len(got) != len(node.pk):
-                return None                     # a parameter set to None
+            # every one set then: as many now; else the same ones set
+            if len(got) != len(node.pset) or not node.pall and _set_keys(p) != node.pset:
+                return None
             vals += got
         elif p:
             return None
@@ -122,8 +133,8 @@ def _values(module, nodes):
             if tuple(b) != node.bk or d["_non_persistent_buffers_set"] != nb:
                 return None
             got = [v for k, v in b.items() if v is not None and k not in nb]
-            if len(got) != node.kept:
-                return None                     # a persistent buffer set to None
+            if len(got) != len(node.bset) or not node.ball and _set_keys(b, nb) != node.bset:
+                return None
             vals += got
         elif b:
             return None
@@ -132,7 +143,7 @@ def _values(module, nodes):
             if tuple(c) != node.ck:
                 return None
             got = [v for v in c.values() if v is not None]
-            if len(got) != len(node.ck):
+            if len(got) != len(node.cset) or not node.call and _set_keys(c) != node.cset:
                 return None
             got.reverse()                       # depth first, in the children's order
             stack += got

@@ -132,10 +132,37 @@ def test_a_module_that_is_not_plain_is_not_remembered():
     m = nn.Sequential(nn.Linear(2, 2), Saving(2, 2))
     _learnt(m)
     assert module_state.lookup(m) is None
-    m = nn.Sequential(nn.Linear(2, 2))
-    m[0].bias = None                            # a parameter registered as None
-    _learnt(m)
-    assert module_state.lookup(m) is None
+
+
+def _with_nones():
+    # parameters, buffers and a child registered as None: state_dict() leaves them out
+    m = nn.Sequential(nn.Linear(3, 3, bias=False), nn.BatchNorm1d(3, track_running_stats=False),
+                      nn.Linear(3, 3))
+    m[2].register_buffer("gone", None)
+    m.register_module("empty", None)
+    return m
+
+
+def test_a_module_with_unset_entries_gives_its_state_dict():
+    m = _learnt(_with_nones())
+    assert _same_as_state_dict(m) is True
+    m[2].weight = nn.Parameter(torch.zeros(3, 3))   # another tensor in the same place
+    assert _same_as_state_dict(m) is True
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: setattr(m[0], "bias", nn.Parameter(torch.zeros(3))),     # a key more
+    lambda m: m[2].register_buffer("gone", torch.zeros(1)),             # a key more
+    lambda m: setattr(m[2], "bias", None),                              # a key fewer
+    lambda m: m.register_module("empty", nn.Linear(1, 1)),              # keys more
+    # one set and another unset: as many as before, other keys
+    lambda m: (setattr(m[0], "bias", nn.Parameter(torch.zeros(3))),
+               setattr(m[0], "weight", None)),
+], ids=["bias-set", "buffer-set", "bias-unset", "child-set", "swapped-unset"])
+def test_a_module_whose_unset_entries_change_gives_nothing(change):
+    m = _learnt(_with_nones())
+    change(m)
+    assert _same_as_state_dict(m) is None
 
 
 def test_nothing_is_kept_alive():
