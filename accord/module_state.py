@@ -105,7 +105,10 @@ def remember(module, tree) -> None:
 
 def _values(module, nodes):
     """The tensors state_dict() would give now, in its order, where the module is still
-    shaped as nodes say; else None."""
+    shaped as nodes say; else None.
+
+    The three dicts' checks are written out, not one helper called three times: with
+    the helper the 40-module model's walk took 54-67 µs against 34-41 (run in turn)."""
     vals = []
     stack = [module]
     for node in nodes:

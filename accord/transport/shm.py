@@ -371,16 +371,20 @@ class _Link(StashMatching):
         gather of 81 small tensors (1.5 MB) took 13x its calm time and a sync 257-577 µs
         by memcpy, 200-263 by streaming stores, where calm runs took 120-220 by memcpy
         (benchmarks/results/small-messages.md)."""
-        streams = shared_write.available() and (self.fast is None or ring_helper.streams())
-        self.gatherer = shared_write.SharedWriter(streams=streams)
+        self.gatherer = self._shared_writer()
         return self.gatherer
 
     def _new_writer(self):
         """This ring's SharedWriter (shared_write.py): how its large writes go, memcpy or
         streaming stores, timed; made with the first one."""
-        streams = shared_write.available() and (self.fast is None or ring_helper.streams())
-        self.writer = shared_write.SharedWriter(streams=streams)
+        self.writer = self._shared_writer()
         return self.writer
+
+    def _shared_writer(self):
+        """A SharedWriter for this ring: streaming where the copy helper streams and the
+        ring helper, if in use, writes with it too."""
+        streams = shared_write.available() and (self.fast is None or ring_helper.streams())
+        return shared_write.SharedWriter(streams=streams)
 
     def _put_timed(self, header, buf, n):
         """The helper's put of a large message, by memcpy or streaming stores as this
