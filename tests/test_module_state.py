@@ -195,9 +195,8 @@ def _changing_module(rank, world):
         except StateMismatch as e:
             seen.append((tag, str(e).splitlines()[1].strip()))
         flat = torch.cat([v.detach().flatten() for v in net.state_dict().values()])
-        every = [torch.zeros_like(flat) for _ in range(world)] if \
-            all(f is None for _, f in seen[-1:]) else None
-        if every is not None:
+        if seen[-1][1] is None:                 # synced: does every rank hold the same?
+            every = [torch.zeros_like(flat) for _ in range(world)]
             accord.all_gather(every, flat)
             seen[-1] = seen[-1] + (all(torch.equal(every[0], x) for x in every),)
 
