@@ -52,6 +52,7 @@ import numpy as np
 from ._packing import plan_buckets
 from .buffers import BF16_CODE, is_torch_tensor
 from .byte_stream import ByteStream
+from . import tensor_guard
 
 # the dicts remembered: a plain dict, or the OrderedDict nn.Module.state_dict() returns
 # (a subclass of either may change what iterating it means)
@@ -146,8 +147,9 @@ class _Entry:
     # 0, new for every entry) and the address of `table`, its (address, length) rows,
     # from which a peer reads where this rank's tensors are (once per token); plans:
     # root -> what broadcast_state worked out for a call on this entry (state._Plan)
-    __slots__ = ("keys", "refs", "metas", "digest", "buckets", "nbytes", "packed_bytes",
-                 "table", "word", "rows", "remote", "_stream", "views", "_bytes", "plans")
+    __slots__ = ("keys", "refs", "metas", "guard", "digest", "buckets", "nbytes",
+                 "packed_bytes", "table", "word", "rows", "remote", "_stream", "views",
+                 "_bytes", "plans")
 
     def stream(self):
         """(pieces, copier, layout): every bucket's pieces in order, one hook packing
@@ -183,21 +185,26 @@ class _Entry:
             # torch tensors (_metas' lists and flag): each one's address, shape, dtype
             # and contiguous layout are what the entry copies by, so another tensor
             # object with the same ones (a view of the same memory) is as good, and its
-            # identity need not be checked (0.4 µs at 10 tensors, 7 at 300)
+            # identity need not be checked (0.4 µs at 10 tensors, 7 at 300). torch's
+            # compiled guard answers first where it can (tensor_guard.py): its True
+            # implies the comparison below, which runs only where it says False
+            if self.guard is not None and tensor_guard.holds(self.guard, vals):
+                return True
             return _metas(vals) == self.metas
         if not all(map(_is, [r() for r in self.refs], vals)):
             return False
         return _metas(vals) == self.metas
 
-    def batches(self, c, root, i, words, ranges, batches_of):
-        """{peer: segment batches} bucket i copies on c (algorithms/single_copy.py).
+    def batches(self, c, root, i, words, peers, share):
+        """{peer: segment batches} bucket i copies on c (algorithms/segments.py).
 
-        words: every rank's (token, table address) from the agreement; ranges(total)
-        -> {peer: (lo, hi)} and batches_of(pm, mine, theirs, lo, hi) are the
-        algorithm's. A peer's table is read out of its memory when its token is new
-        to this entry, and the batches of every bucket built from it then."""
+        words: every rank's (token, table address) from the agreement; peers: the
+        ranks this one copies with; share(mine, theirs) -> the batches for one
+        bucket's rows on this rank and the peer. A peer's table is read out of its
+        memory when its token is new to this entry, and the batches of every bucket
+        built from it then."""
         out = {}
-        for peer in ranges(self.buckets[i].total):
+        for peer in peers:
             token, addr = words[peer]
             got = self.remote.get((peer, root))
             if got is None or got[0] != token:
@@ -207,10 +214,8 @@ class _Entry:
                 if not np.array_equal(theirs[:, 1], self.table[:, 1]):
                     raise pm.disagree("ranks disagree on the tensors of broadcast_state "
                                       f"with {pm.peer_desc(peer)} (their sizes differ)")
-                per_bucket = []
-                for b, (r0, r1) in zip(self.buckets, self.rows):
-                    lo, hi = ranges(b.total)[peer]
-                    per_bucket.append(batches_of(pm, self.table[r0:r1], theirs[r0:r1], lo, hi))
+                per_bucket = [share(self.table[r0:r1], theirs[r0:r1])
+                              for r0, r1 in self.rows]
                 if len(self.remote) >= 8:
                     self.remote.clear()
                 got = self.remote[(peer, root)] = (token, per_bucket)
@@ -284,6 +289,7 @@ def remember(g, tree, bucket_bytes, is_root, leaves, digest, small_bytes, pieces
     except TypeError:
         return None
     e.metas = _metas(vals)
+    e.guard = tensor_guard.make(vals) if e.metas.__class__ is tuple else None
     addrs = [_address(v) for v in vals]
     if any(a + v.nbytes > _SPAN for a, v in zip(addrs, vals)):
         return None

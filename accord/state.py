@@ -38,9 +38,9 @@ entry and every pair may copy between memories (shared memory with
 cross-memory attach), each rank's word in the step-2 agreement also carries
 where its tensors are, and a bucket is copied tensor to tensor with no packing
 (where the root does not send ahead, below): at world 2 the receiver reads the front
-half of the bucket's bytes out of the root's tensors while the root writes the back
-half into the receiver's (a few system calls for the whole bucket, `copy_segments` in
-algorithms/single_copy.py); beyond two ranks, where the arena has no shared slots,
+of the bucket's bytes out of the root's tensors while the root writes the back into
+the receiver's, cut where their costs meet (a few system calls for the whole bucket,
+`copy_segments` in algorithms/segments.py); beyond two ranks, where the arena has no shared slots,
 each receiver reads a bucket of 1 MiB or more itself, and a smaller one still goes
 through the rings. Every rank holding an entry, the buckets move in the agreement's
 own call.
@@ -75,8 +75,8 @@ from . import api, flat_state, module_state, objects, plans
 from .byte_stream import ByteStream
 from .args import root_rank
 from ._packing import Bucket, check_bucket_bytes, is_tensor, plan_buckets, tensor_view
-from .algorithms.single_copy import (SEGMENTS_MIN_WIDE, copy_segments, segment_batches,
-                                     segment_ranges, segments_applies, segments_worth)
+from .algorithms.segments import (SEGMENTS_MIN_WIDE, copy_segments, segment_peers,
+                                  segment_share, segments_applies, segments_worth)
 from .algorithms.table import choose
 from .buffers import BF16_CODE
 from .errors import Desync
@@ -815,11 +815,11 @@ def _stream_bucket(c, root, bucket, forced):
 def _copy_bucket(c, root, e, i, words):
     """Bucket i of entry e, every rank holding an entry and free to copy between
     memories: no packing, each receiver's tensors copied straight from the root's
-    (at world 2 the root writes half of them), a few system calls for the bucket."""
-    copy_segments(c, root, e.batches(c, root, i, words,
-                                     lambda total: segment_ranges(c.size, c.rank, root,
-                                                                  total),
-                                     segment_batches))
+    (at world 2 the root writes a share of them), a few system calls for the bucket."""
+    pm = c.peer_memory
+    copy_segments(c, root, e.batches(
+        c, root, i, words, segment_peers(c.size, c.rank, root),
+        lambda mine, theirs: segment_share(pm, c.size, c.rank, root, mine, theirs)))
 
 
 def _move_all(c, root, e, verdict, forced):

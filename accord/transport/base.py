@@ -42,7 +42,7 @@ class PeerMemory(Protocol):
     flag reads words all ranks share, so every rank reaches the same answer."""
     everywhere: bool        # every pair of the group may read and write each other
     min_bytes: int          # ACCORD_SHM_CMA: below this, copies go through the rings
-    max_segments: int       # the most segments read_segments / write_segments take
+    max_segments: int       # the most segments either side of read_segments / write_segments
 
     def usable(self, peer: int) -> bool: ...
     def address(self, view: memoryview) -> int: ...
@@ -51,11 +51,12 @@ class PeerMemory(Protocol):
     def read(self, peer: int, local: int, remote: int, n: int) -> None:
         """Copy n bytes from the peer's address remote to local; PeerLost on failure."""
     def write(self, peer: int, local: int, remote: int, n: int) -> None: ...
-    def read_segments(self, peer: int, local, remote, count: int, n: int) -> None:
+    def read_segments(self, peer: int, local, remote, n: int) -> None:
         """read() between scattered buffers: n bytes from the peer's segments `remote`
-        into this rank's `local`, both arrays of `count` segments (segments()); one
+        into this rank's `local`, arrays of segments (segments()) of any counts, the
+        bytes streaming from one side's segments into the other's in order; one
         system call. PeerLost on failure."""
-    def write_segments(self, peer: int, local, remote, count: int, n: int) -> None: ...
+    def write_segments(self, peer: int, local, remote, n: int) -> None: ...
     def post_claim(self, peer: int, value: int) -> None:
         """Publish this side's claim in a split copy with peer, then fence."""
     def peer_claim(self, peer: int) -> int: ...

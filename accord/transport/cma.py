@@ -73,13 +73,19 @@ def iovecs(pairs):
     return (_Iovec * len(pairs))(*pairs)
 
 
-def read_segments(pid, local, remote, count, n, _call=None):
+def read_segments(pid, local, remote, n, _call=None):
     """Copy n bytes from pid's memory at the segments of iovec array remote into the
-    segments of local (both of `count` entries; the two sides are byte streams, so
-    their cuts need not line up): one system call, where a buffer per tensor would
-    take one each. OSError on failure or a short copy."""
+    segments of iovec array local (iovecs(); the two sides are byte streams, so
+    their counts and cuts need not match): one system call, where a buffer per
+    tensor would take one each. OSError on failure or a short copy.
+
+    The kernel pins the remote side's pages segment by segment, about 0.6 µs a
+    remote segment on the 2-vCPU development VM (4 MiB in 1 and in 300 segments:
+    446 and 638 µs), while local segments cost nothing measurable (300 of them
+    against 1 remote: 468 µs); callers that can make the remote side fewer, longer
+    segments do (algorithms/segments.py)."""
     call = _call or _readv
-    got = call(pid, local, count, remote, count, 0)
+    got = call(pid, local, len(local), remote, len(remote), 0)
     if got != n:
         e = ctypes.get_errno() if got < 0 else 0
         name = "process_vm_writev to" if call is _writev else "process_vm_readv from"
@@ -87,9 +93,9 @@ def read_segments(pid, local, remote, count, n, _call=None):
                       (os.strerror(e) if got < 0 else f"copied {got} of {n} bytes"))
 
 
-def write_segments(pid, local, remote, count, n):
+def write_segments(pid, local, remote, n):
     """read_segments the other way: local's bytes into remote's segments in pid."""
-    read_segments(pid, local, remote, count, n, _writev)
+    read_segments(pid, local, remote, n, _writev)
 
 
 def probe(pid, remote_addr, expected):

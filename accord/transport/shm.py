@@ -1580,11 +1580,11 @@ class ShmPeerMemory:
     def write(self, peer, local, remote, n):
         self._copy("written to", cma.write, peer, local, remote, n)
 
-    def read_segments(self, peer, local, remote, count, n):
-        self._copy("read from", cma.read_segments, peer, local, remote, count, n)
+    def read_segments(self, peer, local, remote, n):
+        self._copy("read from", cma.read_segments, peer, local, remote, n)
 
-    def write_segments(self, peer, local, remote, count, n):
-        self._copy("written to", cma.write_segments, peer, local, remote, count, n)
+    def write_segments(self, peer, local, remote, n):
+        self._copy("written to", cma.write_segments, peer, local, remote, n)
 
     def _copy(self, verb, fn, peer, *args):
         t = self._t
