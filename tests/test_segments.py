@@ -193,3 +193,20 @@ def test_more_than_two_ranks_each_receiver_reads_the_whole_stream_and_the_root_n
     assert segments.segment_share(pm, 3, 0, 0, rows, rows) == []
     got = segments.segment_share(pm, 3, 2, 0, rows, rows)
     assert sum(n for _, _, n, _ in got) >= sum(lengths)
+
+
+def test_the_benchmark_runs_and_prints_every_way():
+    import re
+    import subprocess
+    import sys
+    torch = pytest.importorskip("torch")
+    assert torch
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "accord", "run", "-n", "2",
+                          os.path.join(root, "benchmarks", "bench_segments.py"),
+                          "--rounds", "1", "--calls", "3"],
+                         capture_output=True, text=True, timeout=50, cwd=root,
+                         env=dict(os.environ, ACCORD_SHM_CMA="4M"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    for way in ("accord", "no guard", "before", "one broadcast"):
+        assert re.search(rf"{way} +\d+ ", out.stdout), (way, out.stdout)
