@@ -1,7 +1,7 @@
 """What one host allows an all_gather: forked processes, flags in shared memory, no accord.
 
     .venv/bin/python benchmarks/allgather_floor.py [--world 4] [--sizes 1M] [--calls 1000]
-        [--repeat 3] [--methods slot,read]
+        [--repeat 3] [--methods slot,read,direct]
 
 Each of --world processes holds a block of SIZE bytes and gathers every block
 into an output of world x SIZE, --calls times back to back, two ways:
@@ -13,6 +13,11 @@ into an output of world x SIZE, --calls times back to back, two ways:
 - read: a ring in which each rank copies one block a step out of its left
   neighbour's output with process_vm_readv (world - 1 single copies a rank, each
   just after the neighbour wrote it), MPICH's way for large blocks on one host.
+- direct: every rank reads every peer's input block straight out of the peer
+  with process_vm_readv as soon as the peer says it is there (world - 1 single
+  copies and its own block: world copies a rank, no write into shared memory),
+  then waits until every peer has read its own block, as a call must before it
+  returns (its input may change after).
 
 The steps wait on words in a shared mapping, yielding the core in between, as
 MPICH's ranks do; nothing else runs. It prints, per method, the time per call
@@ -40,7 +45,7 @@ from accord.transport import cma  # noqa: E402
 
 # word offsets in the flags page (up to 8 ranks): each rank's epoch word, the
 # world x world "read" words, the start flags, the output addresses and pids
-_EPOCH, _DONE, _READY, _OUT, _PID = 0, 64, 128, 192, 256
+_EPOCH, _DONE, _READY, _OUT, _PID, _IN = 0, 64, 128, 192, 256, 320
 MAX_WORLD = 8
 
 
@@ -82,11 +87,28 @@ def _read_call(q, r, world, x, out, nbytes, ep):
     q[_DONE + r] = ep
 
 
+def _direct_call(q, r, world, x, out, nbytes, ep):
+    """One call of the read-every-input method on rank r (epoch ep)."""
+    n = x.size
+    q[_EPOCH + r] = ep                      # my input is there for this call
+    out[r * n:(r + 1) * n] = x
+    here = cma.address(memoryview(out))
+    for k in range(1, world):
+        p = (r + k) % world
+        _wait(q, _EPOCH + p, ep)
+        cma.read(int(q[_PID + p]), here + p * nbytes, int(q[_IN + p]), nbytes)
+        q[_DONE + p * world + r] = ep       # r has read p's input
+    for p in range(world):
+        if p != r:
+            _wait(q, _DONE + r * world + p, ep)     # p has read mine: x may change now
+
+
 def _rank(method, r, world, nbytes, calls, q, slot_map, report):
     n = nbytes // 4
     x = np.full(n, r, np.float32)
     out = np.empty(world * n, np.float32)
     q[_OUT + r] = cma.address(memoryview(out))
+    q[_IN + r] = cma.address(memoryview(x))
     q[_PID + r] = os.getpid()
     slots = [np.frombuffer(slot_map, np.float32, n, p * nbytes) for p in range(world)] \
         if method == "slot" else None
@@ -98,6 +120,8 @@ def _rank(method, r, world, nbytes, calls, q, slot_map, report):
     def call(ep):
         if method == "slot":
             _slot_call(q, r, world, x, out, slots, nbytes, ep)
+        elif method == "direct":
+            _direct_call(q, r, world, x, out, nbytes, ep)
         else:
             _read_call(q, r, world, x, out, nbytes, ep)
     for ep in range(1, 11):
@@ -152,14 +176,14 @@ def main(argv=None):
     p.add_argument("--sizes", default="1M", help="bytes of each rank's block, K/M/G units")
     p.add_argument("--calls", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--methods", default="slot,read")
+    p.add_argument("--methods", default="slot,read,direct")
     args = p.parse_args(argv)
     if not 2 <= args.world <= MAX_WORLD:
         p.error(f"--world: 2 to {MAX_WORLD} ranks")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in ("slot", "read"):
-            p.error(f"--methods: {m!r} is neither slot nor read")
+        if m not in ("slot", "read", "direct"):
+            p.error(f"--methods: {m!r} is not slot, read or direct")
     print(f"# world {args.world}, {args.calls} calls a run, median of {args.repeat} runs; "
           f"load average {os.getloadavg()[0]:.2f}")
     print("method size us_per_call cpu_us_per_rank")
