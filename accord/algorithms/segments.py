@@ -115,36 +115,54 @@ def _remote_count(there, reading):
     return count
 
 
+def _segment_costs(rows, reading):
+    """SEGMENT_COST for each row of rows (a peer's (address, length) rows) that starts
+    a remote segment of its own, 0 for one that joins the row before it in address
+    order (as _may_join, over all the rows: an estimate for a share of them) and for an
+    empty row."""
+    n = len(rows)
+    out = np.full(n, SEGMENT_COST, np.int64)
+    out[rows[:, 1] == 0] = 0
+    if n < 2:
+        return out
+    order = np.argsort(rows[:, 0], kind="stable")
+    addr = rows[order, 0].astype(np.int64)
+    ends = addr + rows[order, 1].astype(np.int64)
+    prev, nxt = ends[:-1], addr[1:]
+    joins = nxt == prev
+    if reading:
+        joins |= (nxt > prev) & (nxt - prev <= _GAP_MAX) & \
+            (nxt // _PAGE <= (prev - 1) // _PAGE + 1)
+    out[order[1:][joins]] = 0
+    return out
+
+
 def _pair_cut(root_rows, recv_rows, total):
     """Where two ranks cut a stream: the receiver reads bytes 0..cut out of the root
     (root_rows' addresses, joined as a reader joins them), the root writes cut..total
     into the receiver (recv_rows'), each side's cost its bytes plus SEGMENT_COST a
-    remote segment; the cut is where the two meet (found over the rows' boundaries,
-    then within the row it falls in)."""
+    remote segment (_segment_costs' estimate); the cut is where the two meet, found
+    over the rows' boundaries, then within the row it falls in. O(n log n) in rows
+    (100 000 tensors in one bucket take tens of milliseconds, once per token)."""
     if total == 0:
         return 0
-
-    def costs(cut):
-        _, there = _rows_in(recv_rows, root_rows, 0, cut)
-        _, there_w = _rows_in(root_rows, recv_rows, cut, total)
-        a, b = _remote_count(there, True), _remote_count(there_w, False)
-        return cut + SEGMENT_COST * a, total - cut + SEGMENT_COST * b, a, b
-
-    lens = root_rows[:, 1]
-    bounds = [0] + np.cumsum(lens, dtype=np.uint64).tolist()
-    lo, hi = 0, len(bounds) - 1     # the receiver's cost is below the root's at lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        r, w, _, _ = costs(bounds[mid])
-        if r < w:
-            lo = mid
-        else:
-            hi = mid
-    # inside the row between bounds[lo] and bounds[hi]: both sides' segment counts as
-    # with the cut in its middle, the bytes moving one for one
-    a0, b0 = bounds[lo], bounds[hi]
-    _, _, a, b = costs((a0 + b0) // 2) if b0 - a0 > 1 else costs(a0)
-    cut = (total + SEGMENT_COST * (b - a)) // 2
+    lens = root_rows[:, 1].astype(np.int64)
+    bounds = np.concatenate(([0], np.cumsum(lens)))
+    read = np.concatenate(([0], np.cumsum(_segment_costs(root_rows, True))))
+    write = _segment_costs(recv_rows, False)
+    write_after = np.concatenate((np.cumsum(write[::-1])[::-1], [0]))
+    # at boundary k the receiver reads rows 0..k-1, the root writes rows k..
+    recv_cost = bounds + read
+    root_cost = (total - bounds) + write_after
+    k = int(np.argmax(recv_cost >= root_cost))      # the first boundary where they cross
+    if k == 0:
+        return 0
+    # the cut falls inside row k - 1: both sides pay its segment, the bytes move one
+    # for one
+    a0, b0 = int(bounds[k - 1]), int(bounds[k])
+    a = int(read[k]) if b0 > a0 else int(read[k - 1])
+    b = int(write_after[k - 1])
+    cut = (total + b - a) // 2
     return int(min(max(cut, a0), b0))
 
 
