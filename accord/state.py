@@ -47,8 +47,8 @@ own call.
 
 A root holding an entry does not wait for the agreement before it sends over shared
 memory (beyond two ranks through its shared slot where the arena holds them, at any
-size; at two ranks through the ring, under the single-copy threshold, from which the
-state is copied by address as above), elsewhere for a small state (under 1 MiB, every
+size; at two ranks through the ring, under half the single-copy threshold, from which
+the state is copied by address as above), elsewhere for a small state (under 1 MiB, every
 bucket going through the transport): its pieces follow its row in the same step
 (through the transport, as one message gathered from its tensors), and each
 receiver takes them once it holds every row, into its tensors where the structures
@@ -225,10 +225,11 @@ AHEAD_SLOT = True
 AHEAD_MAX = SEGMENTS_MIN_WIDE
 AHEAD_PIECES = 64
 # two ranks over a medium that fills a ByteStream in place (shared memory) send ahead
-# under the single-copy threshold (at any size where single copy is off), the state one
-# message through the ring, where it goes by address after the agreement from AHEAD_MAX
-# (False; bench_ahead.py -n 2 times the two in turn); see _pair_by_address
+# under half the single-copy threshold (at any size where single copy is off), the state
+# one message through the ring, where it goes by address after the agreement from
+# AHEAD_MAX (False; bench_ahead.py -n 2 times the two in turn); see _pair_by_address
 AHEAD_PAIR = True
+PAIR_BY_ADDRESS_SHARE = 0.5
 
 
 def _agree(g, root, digest, bucket_bytes, failed, timeout, explain, entry=None, then=None,
@@ -414,22 +415,27 @@ def _goes_ahead(c, e, forced):
 def _pair_by_address(c, e):
     """Whether two ranks copy entry e's state by address once the rows are in, rather
     than through the ring behind the root's row: where single copy runs between them
-    (segments_applies) and the state is of the single-copy threshold or more, the size
-    from which a broadcast of as many bytes goes single-copy too (4 MiB, or 1 MiB where
-    the group's probe found single copy faster; at two ranks the ring holds 4 MiB).
+    (segments_applies) and the state is of half the single-copy threshold or more
+    (PAIR_BY_ADDRESS_SHARE of it: 2 MiB where the threshold is 4 MiB, 512 KiB where the
+    group's probe found single copy faster from 1 MiB; an ACCORD_SHM_CMA raised above
+    its default raises this with it).
 
     A state the ring cannot hold whole keeps the root copying into it until the
     receiver has copied most of it out, so the root no longer finishes first and runs
     ahead into its next call, and both copies, in and out, are on the path; by address
-    each rank copies half, once. On two 2-vCPU hosts, ring / by address: 300 small
+    each rank copies its share, once. On two 2-vCPU hosts, ring / by address: 300 small
     tensors (5.5 MB) 1.17-1.28x in step and 0.95-1.50x back to back (8 of 9 runs slower
     on the ring, one even), 100 tensors of 16 and 50 MiB 1.02-1.41x in step and
     1.04-1.24x back to back; on the other host 1.01x or more in six of seven runs at 300
-    tensors, 1.05-1.44x at 16 and 50 MiB (benchmarks/results/small-messages.md).
-    Under the threshold (81 tensors, 1.5 MB: 0.83-1.00x back to back) the ring stays."""
+    tensors, 1.05-1.44x at 16 and 50 MiB. Since the reader joins neighbouring tensors
+    and the cut follows the costs (algorithms/segments.py), on the third host:
+    200 small tensors (3.7 MB) 1.21-1.32x, 3 of 1 MiB 1.09x and 1.47x, 12 of 256 KiB
+    1.25x and 1.30x, 2 of 1.25 MiB 1.26x; even from 1.5 to 2.3 MB (60-120 small tensors
+    0.84-1.11x, 1-2 tensors of 1.5-2 MiB 0.96-1.04x); the ring faster at 1.15 MB (60
+    small tensors, 0.88-0.96x) (benchmarks/results/small-messages.md)."""
     if not segments_applies(c):
         return False
-    return e.nbytes >= c.peer_memory.min_bytes
+    return e.nbytes >= c.peer_memory.min_bytes * PAIR_BY_ADDRESS_SHARE
 
 
 def _slotted_ahead(c, npieces):

@@ -11,8 +11,8 @@ bench_state.py --small makes them) is synced from rank 0 with broadcast_state,
 which sends its pieces behind the root's row in the agreement's call (state.py,
 _send_ahead). Beyond two ranks accord.state.AHEAD_SLOT picks the way ("ahead":
 True, through the root's slot; "other": False, on the rings); at two ranks
-accord.state.AHEAD_PAIR ("ahead": True, the default: through the ring under the
-single-copy threshold, 4 MiB, by address from it; "other": False, by address from
+accord.state.AHEAD_PAIR ("ahead": True, the default: through the ring under half the
+single-copy threshold, 2 MiB, by address from it; "other": False, by address from
 1 MiB, a smaller state still behind the row through the ring). Rounds alternate the two ways in
 the same processes (the machine's speed moves between runs, not within a pair
 of rounds); a round times --calls back-to-back calls, its time the slowest

@@ -163,10 +163,12 @@ def _past_threshold(rank, world, mib):
 
 @pytest.mark.parametrize("env,mib,way", [
     (_THRESHOLD_4M, 5, "address"),              # 5.2 MiB
-    (_THRESHOLD_4M, 3, "ahead"),                # 3.2 MiB: the ring holds it whole
+    (_THRESHOLD_4M, 2, "address"),              # 2.2 MiB: half the threshold or more
+    (_THRESHOLD_4M, 1, "ahead"),                # 1.2 MiB: through the ring
+    ({"ACCORD_SHM_CMA": "8M"}, 3, "ahead"),     # 3.2 MiB under half a raised threshold
     ({"ACCORD_SHM_CMA": "1M"}, 1, "address"),   # 1.2 MiB against a threshold of 1 MiB
     ({"ACCORD_SHM_CMA": "0"}, 5, "ahead"),      # no single copy: the ring at any size
-], ids=["5M", "3M", "1M-threshold", "no-single-copy"])
+], ids=["5M", "2M", "1M", "3M-under-8M", "1M-threshold", "no-single-copy"])
 def test_two_ranks_copy_a_state_past_the_single_copy_threshold_by_address(env, mib, way):
     took = run_ranks(2, _past_threshold, mib, env=env)
     # calls 3-5: by address every bucket once the rows are in, or ahead behind the row
