@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 from typing import Any, List, Optional, Sequence
 
+
 def _guard_class():
     """torch's TensorGuards, or None (no torch imported, or a build without it)."""
     torch = sys.modules.get("torch")
