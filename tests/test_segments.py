@@ -176,11 +176,22 @@ def test_two_ranks_cut_where_their_costs_meet_not_at_half_the_bytes():
         max(lengths)
 
 
+def _remote_count(there, reading):
+    """How many remote segments `there` ([(address, length)]) makes once joined: the
+    exact count, where the cut itself estimates (segments._segment_costs)."""
+    count, end = 0, None
+    for a, n in sorted(there):
+        if end is None or not segments._may_join(end, a, reading):
+            count += 1
+        end = a + n
+    return count
+
+
 def _costs(root_rows, recv_rows, total, cut):
     _, there = segments._rows_in(recv_rows, root_rows, 0, cut)
     _, there_w = segments._rows_in(root_rows, recv_rows, cut, total)
-    a = segments._remote_count(there, True)
-    b = segments._remote_count(there_w, False)
+    a = _remote_count(there, True)
+    b = _remote_count(there_w, False)
     return cut + segments.SEGMENT_COST * a, total - cut + segments.SEGMENT_COST * b, a, b
 
 

@@ -105,16 +105,6 @@ def _may_join(end, start, reading):
     return reading and start > end and start // _PAGE <= (end - 1) // _PAGE + 1
 
 
-def _remote_count(there, reading):
-    """How many remote segments `there` ([(address, length)]) makes once joined."""
-    count, end = 0, None
-    for a, n in sorted(there):
-        if end is None or not _may_join(end, a, reading):
-            count += 1
-        end = a + n
-    return count
-
-
 def _segment_costs(rows, reading):
     """SEGMENT_COST for each row of rows (a peer's (address, length) rows) that starts
     a remote segment of its own, 0 for one that joins the row before it in address
