@@ -69,7 +69,7 @@ import numpy as np
 
 from ..byte_stream import ByteStream
 from ..errors import AccordError, CommTimeout, GroupClosed
-from . import cma, cma_threshold, futex, ring_helper, shared_write
+from . import cma, cma_threshold, futex, ring_helper, shared_write, split_message
 from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
 from .wire import (COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
@@ -191,13 +191,18 @@ def p2p_cap(cap):
 
 
 class _Send:
-    __slots__ = ("peer", "parts", "part", "off", "done", "seq", "keep", "gathering")
+    __slots__ = ("peer", "parts", "part", "off", "done", "seq", "keep", "gathering", "addr",
+                 "nbytes", "helped")
 
-    def __init__(self, peer, parts, seq=0, keep=None):
+    def __init__(self, peer, parts, seq=0, keep=None, addr=0, nbytes=0):
         self.peer, self.parts, self.seq, self.keep = peer, parts, seq, keep
         self.part = self.off = 0
         self.done = False
         self.gathering = None   # a ByteStream part's [streams, timed, seconds] (push)
+        # a single-copy send: its buffer's address and length, and whether this rank
+        # has helped its receiver copy it (split_message.py)
+        self.addr, self.nbytes = addr, nbytes
+        self.helped = False
 
 
 _SENT = _Send(-1, ())          # the record of every send written at once: done
@@ -224,6 +229,10 @@ class _Link(StashMatching):
         self.o_want_ack_i, self.i_want_ack_i = (out_c + _C_WANT_ACK) // 8, \
             (in_c + _C_WANT_ACK) // 8
         self.o_split_i, self.i_split_i = (out_c + _C_SPLIT) // 8, (in_c + _C_SPLIT) // 8
+        # the words of a single-copy message copied by both ends (split_message.py),
+        # as its sender (out) and as its receiver (in)
+        self.o_coop = split_message.Words(out_c)
+        self.i_coop = split_message.Words(in_c)
         self.o_ring = t.mem[out_c + _PAGE:out_c + _PAGE + t.cap]
         self.i_ring = t.mem[in_c + _PAGE:in_c + _PAGE + t.cap]
         q = t.q
@@ -507,6 +516,8 @@ class _Link(StashMatching):
         return True
 
     def check_acks(self):
+        """Complete the single-copy sends the peer acknowledged; help the peer copy the
+        next one where it asks (split_message.py). True if anything moved."""
         acked = self.t.q[self.o_acked_i]
         moved = False
         while self.unacked and self.unacked[0].seq <= acked:
@@ -514,6 +525,16 @@ class _Link(StashMatching):
             s.done = True
             s.keep = None
             moved = True
+        if self.unacked and self.cma_in:
+            s = self.unacked[0]
+            if not s.helped and s.nbytes and split_message.asked(self, s.seq):
+                s.helped = True
+                try:
+                    moved = split_message.assist(self, s.seq, s.addr, s.nbytes) or moved
+                except OSError as e:
+                    self.t._check_abort()
+                    raise self.t.peer_lost(self.peer, f"could not be written to "
+                                           f"({e.strerror or e})") from None
         return moved
 
     # -- reading -------------------------------------------------------------
@@ -601,7 +622,7 @@ class _Link(StashMatching):
                         consumed = moved = True
                         try:
                             if owner.__class__ is Stash:
-                                self._cma_into_stash(owner, dest, addr)
+                                self._cma_into_stash(owner, dest, addr, seq)
                             elif dest.__class__ is ByteStream:
                                 # a scattered receive of a message sent in one piece
                                 whole = bytearray(len(dest))
@@ -609,6 +630,9 @@ class _Link(StashMatching):
                                     cma.read(self.pid, cma.address(memoryview(whole)), addr,
                                              len(whole))
                                 dest[:] = whole
+                            elif self.cma_out and split_message.applies(len(dest)):
+                                split_message.receive(self, cma.address(dest), addr,
+                                                      len(dest), seq)
                             elif len(dest):
                                 cma.read(self.pid, cma.address(dest), addr, len(dest))
                         except OSError as e:
@@ -697,7 +721,7 @@ class _Link(StashMatching):
     def _undefer(self):
         self.deferred = None
 
-    def _cma_into_stash(self, owner, dest, addr):
+    def _cma_into_stash(self, owner, dest, addr, seq):
         """Copy a single-copy message nobody awaits yet into the stash, in one read.
 
         Its bytes already sit in the sender's memory (it waits for our ack), so the
@@ -713,7 +737,10 @@ class _Link(StashMatching):
                 raise self.t.peer_lost(self.peer, f"announced a message of {owner.length} "
                                                   f"bytes, more than this process can hold") \
                     from None
-            cma.read(self.pid, buf.ctypes.data, addr, owner.length)
+            if self.cma_out and split_message.applies(owner.length):
+                split_message.receive(self, buf.ctypes.data, addr, owner.length, seq)
+            else:
+                cma.read(self.pid, buf.ctypes.data, addr, owner.length)
             owner.buf = buf
 
     def has_input(self):
@@ -855,8 +882,9 @@ class ShmTransport(Reports):
         if n >= self.cma_min and link.cma_out and not ring and \
                 getattr(buf, "contiguous", True):
             link.cma_seq += 1
-            s = _Send(peer, [_cma_header(header) + _DESC.pack(cma.address(buf), link.cma_seq)],
-                      seq=link.cma_seq, keep=buf)
+            addr = cma.address(buf)
+            s = _Send(peer, [_cma_header(header) + _DESC.pack(addr, link.cma_seq)],
+                      seq=link.cma_seq, keep=buf, addr=addr, nbytes=n)
         else:
             if not link.sends and n <= _INLINE and link.write_inline(header, buf, n):
                 return _SENT

@@ -1,0 +1,118 @@
+"""Large single-copy messages between real processes, copied by the receiver and the
+waiting sender at once (transport/split_message.py): ping-pongs, windows of isends,
+messages nobody has asked for yet, and collectives' single-copy sends, at sizes on
+and off the claim units; every byte checked, and the senders' help counted."""
+import numpy as np
+import pytest
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+SPLIT = {"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_P2P_CMA": "1M", "ACCORD_SHM_CMA": "1M"}
+SIZES = [1 << 20, (3 << 20) + 123, (8 << 20) - 5]
+
+
+def _count_help():
+    """[messages this process's sends helped copy, split messages it received]."""
+    from accord.transport import split_message
+    assist, receive = split_message.assist, split_message.receive
+    counts = [0, 0]
+
+    def assisting(link, seq, src, n):
+        hit = assist(link, seq, src, n)
+        counts[0] += bool(hit)
+        return hit
+
+    def receiving(*args):
+        counts[1] += 1
+        return receive(*args)
+    split_message.assist, split_message.receive = assisting, receiving
+    return counts
+
+
+def _data(n, i):
+    return np.random.default_rng(n * 31 + i).integers(0, 256, n, np.uint8)
+
+
+def _pingpong(rank, world, sizes, rounds):
+    import accord as dist
+    helped = _count_help()
+    ok = True
+    for n in sizes:
+        buf = np.empty(n, np.uint8)
+        for i in range(rounds):
+            if rank == 0:
+                want = _data(n, i)
+                dist.send(want, 1)
+                dist.recv(buf, 1)
+                ok &= np.array_equal(buf, want[::-1])
+            else:
+                dist.recv(buf, 0)
+                ok &= np.array_equal(buf, _data(n, i))
+                dist.send(np.ascontiguousarray(buf[::-1]), 0)
+    return bool(ok), helped
+
+
+def test_a_ping_pong_of_large_messages_arrives_whole_and_senders_help():
+    out = run_ranks(2, _pingpong, SIZES, 10, env=SPLIT)
+    assert [o[0] for o in out] == [True, True]
+    # 30 messages each way, all split; each sender spinning on its acknowledgement,
+    # some of them at least were copied by both sides
+    assert [o[1][1] for o in out] == [30, 30]
+    assert out[0][1][0] + out[1][1][0] > 0
+
+
+def _window(rank, world, n, win, late):
+    import time
+
+    import accord as dist
+    counts = _count_help()
+    if rank == 0:
+        ws = [dist.isend(_data(n, i), dst=1, tag=i) for i in range(win)]
+        for w in ws:
+            w.wait()
+        return True
+    if late:
+        time.sleep(0.3)             # every message waits (deferred, then stashed)
+    got = [np.empty(n, np.uint8) for _ in range(win)]
+    # posted in the reverse order of their tags: the later ones are stashed first
+    ws = [dist.irecv(got[i], src=0, tag=i) for i in reversed(range(win))]
+    for w in ws:
+        w.wait()
+    return all(np.array_equal(got[i], _data(n, i)) for i in range(win)) and counts[1] == win
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["posted", "late"])
+@pytest.mark.parametrize("n", [2 << 20, (5 << 20) + 17])
+def test_a_window_of_isends_arrives_whole(n, late):
+    assert run_ranks(2, _window, n, 6, late, env=SPLIT) == [True, True]
+
+
+def _collectives(rank, world, n):
+    import accord as dist
+    counts = _count_help()
+    ok = []
+    mine = _data(n, rank)
+    # all_to_all_single: a single-copy message to every peer at once
+    out = np.empty(world * n, np.uint8)
+    dist.all_to_all_single(out, np.concatenate([_data(n, rank * 10 + p) for p in range(world)]))
+    ok.append(all(np.array_equal(out[p * n:(p + 1) * n], _data(n, p * 10 + rank))
+                  for p in range(world)))
+    # scatter from rank 1 and gather to rank 0
+    got = np.empty(n, np.uint8)
+    dist.scatter(got, [_data(n, 100 + p) for p in range(world)] if rank == 1 else None, src=1)
+    ok.append(np.array_equal(got, _data(n, 100 + rank)))
+    bufs = [np.empty(n, np.uint8) for _ in range(world)] if rank == 0 else None
+    dist.gather(mine, bufs, dst=0)
+    if rank == 0:
+        ok.append(all(np.array_equal(bufs[p], _data(n, p)) for p in range(world)))
+    return ok, counts[1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_collectives_single_copy_sends(world):
+    n = (2 << 20) + 4096 + 3
+    out = run_ranks(world, _collectives, n, env=SPLIT)
+    assert all(all(o[0]) for o in out), out
+    assert sum(o[1] for o in out) > 0         # some went single-copy, split
