@@ -149,11 +149,13 @@ class Options:
     # single copy from 1 MiB was (broadcast and scatter 1 MiB 0.48x the time)
     shm_cma_min: Optional[int] = None
     # The same for point-to-point messages (ACCORD_SHM_P2P_CMA; by default
-    # ACCORD_SHM_CMA where that is set, else 16 MiB): a blocking send/recv of 1-8 MiB
-    # was 1.6-2.3x faster through the ring than single-copy here, which pays per page
-    # while both rings' copies stay in cache; from 16 MiB single copy is as fast or
-    # faster (a window of isends of 16 MiB: 1.7x)
-    shm_p2p_cma_min: int = 16 << 20
+    # ACCORD_SHM_CMA where that is set, else 8 MiB): a blocking send/recv of 1-4 MiB is
+    # faster through the ring (both processes copy, the copies stay in cache) than
+    # single-copy, even with the sender copying half (transport/split_message.py):
+    # 4 MiB 314-399 µs against 353-547; from 6-8 MiB single copy split is faster
+    # (8 MiB 527-706 µs against 786-1007, a window of isends 933-1033 against
+    # 1070-1184; benchmarks/results/small-messages.md)
+    shm_p2p_cma_min: int = 8 << 20
     # ACCORD_SOCKET_IFNAME: the interface(s) the data plane and the store listen on
     # ("eth0", "eth0,ib0", "=eth0", "^docker,lo"; accord/netif.py); empty: the one
     # that routes to MASTER_ADDR
@@ -203,7 +205,7 @@ class Options:
             shm_arena=_parse_bytes(env.get("ACCORD_SHM_ARENA", ""), "ACCORD_SHM_ARENA", 64 << 20),
             shm_cma_min=cma,
             shm_p2p_cma_min=_parse_bytes(env.get("ACCORD_SHM_P2P_CMA", ""),
-                                         "ACCORD_SHM_P2P_CMA", 16 << 20 if cma is None else cma),
+                                         "ACCORD_SHM_P2P_CMA", 8 << 20 if cma is None else cma),
             socket_ifname=_parse_ifname(env.get("ACCORD_SOCKET_IFNAME", "")),
             restart_count=_parse_count(env.get("ACCORD_RESTART_COUNT", ""),
                                        "ACCORD_RESTART_COUNT"),

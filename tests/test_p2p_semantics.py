@@ -398,7 +398,7 @@ def _window_of_large_messages(rank, world):
 
 
 def test_a_window_of_single_copy_messages_is_not_stashed():
-    # 1 MiB messages go single-copy only from a threshold that low (16 MiB by default)
+    # 1 MiB messages go single-copy only from a threshold that low (8 MiB by default)
     out = run_ranks(2, _window_of_large_messages, timeout=40,
                     env={"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_P2P_CMA": "1M"})
     assert out[1] == (True, 0)

@@ -116,3 +116,22 @@ def test_collectives_single_copy_sends(world):
     out = run_ranks(world, _collectives, n, env=SPLIT)
     assert all(all(o[0]) for o in out), out
     assert sum(o[1] for o in out) > 0         # some went single-copy, split
+
+
+@pytest.mark.parametrize("op", ["pingpong", "window"])
+def test_the_benchmark_runs_every_way(op):
+    """benchmarks/p2p_split.py: ring, alone and split each deliver the bytes (the
+    script fails where a block's do not) and report a time."""
+    import os
+    import re
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "accord", "run", "-n", "2",
+                          os.path.join(root, "benchmarks", "p2p_split.py"), "--sizes", "1M,3M",
+                          "--rounds", "1", "--calls", "2", "--op", op],
+                         capture_output=True, text=True, timeout=100, cwd=root)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    for n in (1 << 20, 3 << 20):
+        for way in ("ring", "alone", "split"):
+            assert re.search(rf"^\[rank 0\] {n} {way} \d+ \d+$", out.stdout, re.M), out.stdout

@@ -597,7 +597,7 @@ def test_receive_from_any_source(env, n):
 def test_point_to_point_has_its_own_single_copy_threshold():
     from accord.options import Options
     assert Options.from_env({}).shm_cma_min is None     # measured per group (1 or 4 MiB)
-    assert Options.from_env({}).shm_p2p_cma_min == 16 << 20
+    assert Options.from_env({}).shm_p2p_cma_min == 8 << 20
     # ACCORD_SHM_CMA alone sets both; ACCORD_SHM_P2P_CMA only point-to-point's
     both = Options.from_env({"ACCORD_SHM_CMA": "4K"})
     assert (both.shm_cma_min, both.shm_p2p_cma_min) == (4 << 10, 4 << 10)

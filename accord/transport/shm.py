@@ -157,7 +157,7 @@ def arena_layout(size, arena_bytes):
     Each ordered pair has two rings: one for collectives (`cap` bytes) and one
     for point-to-point messages (p2p_cap(cap), a quarter of it: tagged messages
     larger than it stream through it in pieces while both sides copy, and those of
-    the single-copy threshold up, 16 MiB by default, go single-copy). Beyond two
+    the single-copy threshold up, 8 MiB by default, go single-copy). Beyond two
     ranks each rank also has a shared slot of two pieces of `room` bytes
     (slots.py), set aside first: at most an eighth of the arena in all."""
     room = slot_room(size, arena_bytes)
@@ -1728,7 +1728,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
 
     cma_min: the smallest collective message sent single-copy (0: none; None:
     measured between ranks 0 and 1 now, cma_threshold.py); p2p_cma_min: the same
-    for point-to-point messages (None: cma_min, or 16 MiB where that is measured).
+    for point-to-point messages (None: cma_min, or 8 MiB where that is measured).
 
     The arena takes at most arena_bytes, and at most a quarter of the free
     space in /dev/shm. Raises ShmUnavailable (an OSError) on every member
@@ -1780,7 +1780,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
     if measure:
         cma_min = cma_threshold.HIGH        # until the probe has spoken
         if p2p_cma_min is None:
-            p2p_cma_min = 16 << 20
+            p2p_cma_min = 8 << 20
     try:
         arena = Arena(mm, cap, room)
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
