@@ -43,7 +43,7 @@ def test_measured_once_the_same_on_every_rank_and_reused_by_later_groups():
     assert value in (MiB, 4 * MiB), res
     for r, (t, p2p, sub, measured) in enumerate(res):
         assert t == value, res                  # every rank of the group alike
-        assert p2p == 16 * MiB, res             # point-to-point keeps its own default
+        assert p2p == 8 * MiB, res              # point-to-point keeps its own default
         if r in (1, 2):
             assert sub == value, res            # the subgroup's rank 0 knew it already
         # only rank 0 times the probe, once; the subgroup measures nothing

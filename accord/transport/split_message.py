@@ -37,6 +37,13 @@ reads RECV before each write, and stops at CLOSED. Of two such store-fence-load
 sequences at least one sees the other's store, so either the sender sees CLOSED and
 writes nothing more, or the receiver sees BUSY and waits for the write to end. Only
 then does the receiver acknowledge, and the send complete.
+
+That wait is for one write call of the sender's (at most what it claimed, under a
+millisecond here), which nothing but a stop of the sender's process (SIGSTOP, a
+debugger) can stretch: the receiver then waits until the sender goes on, its
+receive's timeout notwithstanding, since a receive that returned would leave its
+buffer open to the stopped write. A sender that dies or aborts ends the wait with
+the transport's error.
 """
 import os
 import time
