@@ -63,6 +63,11 @@ def test_a_ping_pong_of_large_messages_arrives_whole_and_senders_help():
     assert out[0][1][0] + out[1][1][0] > 0
 
 
+def test_split_off_the_receiver_copies_alone():
+    out = run_ranks(2, _pingpong, SIZES[1:2], 4, env={**SPLIT, "ACCORD_SHM_SPLIT": "0"})
+    assert out == [(True, [0, 0]), (True, [0, 0])]
+
+
 def _window(rank, world, n, win, late):
     import time
 

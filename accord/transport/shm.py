@@ -233,6 +233,7 @@ class _Link(StashMatching):
         # as its sender (out) and as its receiver (in)
         self.o_coop = split_message.Words(out_c)
         self.i_coop = split_message.Words(in_c)
+        self.split = split_message.wanted()     # this side's receives ask for help
         self.o_ring = t.mem[out_c + _PAGE:out_c + _PAGE + t.cap]
         self.i_ring = t.mem[in_c + _PAGE:in_c + _PAGE + t.cap]
         q = t.q
@@ -630,7 +631,8 @@ class _Link(StashMatching):
                                     cma.read(self.pid, cma.address(memoryview(whole)), addr,
                                              len(whole))
                                 dest[:] = whole
-                            elif self.cma_out and split_message.applies(len(dest)):
+                            elif self.split and self.cma_out and \
+                                    split_message.applies(len(dest)):
                                 split_message.receive(self, cma.address(dest), addr,
                                                       len(dest), seq)
                             elif len(dest):
@@ -737,7 +739,7 @@ class _Link(StashMatching):
                 raise self.t.peer_lost(self.peer, f"announced a message of {owner.length} "
                                                   f"bytes, more than this process can hold") \
                     from None
-            if self.cma_out and split_message.applies(owner.length):
+            if self.split and self.cma_out and split_message.applies(owner.length):
                 split_message.receive(self, buf.ctypes.data, addr, owner.length, seq)
             else:
                 cma.read(self.pid, buf.ctypes.data, addr, owner.length)

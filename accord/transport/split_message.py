@@ -78,6 +78,13 @@ class Words:
                                                                       _C_BUSY))
 
 
+def wanted():
+    """Whether this process's receives ask their senders for help: yes, unless
+    ACCORD_SHM_SPLIT=0 (the receiver then copies alone, to compare the two). Read when
+    a group's shared-memory links are made; only the receiver's setting counts."""
+    return os.environ.get("ACCORD_SHM_SPLIT", "1").strip() != "0"
+
+
 def units(n):
     """How many claim units an n-byte message has."""
     return -(-n // UNIT)
