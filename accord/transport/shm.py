@@ -233,7 +233,7 @@ class _Link(StashMatching):
         # as its sender (out) and as its receiver (in)
         self.o_coop = split_message.Words(out_c)
         self.i_coop = split_message.Words(in_c)
-        self.split = split_message.wanted()     # this side's receives ask for help
+        self.split = t.split                    # this side's receives ask for help
         self.o_ring = t.mem[out_c + _PAGE:out_c + _PAGE + t.cap]
         self.i_ring = t.mem[in_c + _PAGE:in_c + _PAGE + t.cap]
         q = t.q
@@ -794,13 +794,19 @@ class ShmTransport(Reports):
         self.bell = _R_DOORBELL if plane == 0 else _R_P2P_DOORBELL
         self._doorbell_i = (me + self.bell) // 4
         self._doorbell = self.base + me + self.bell
-        self.links = {p: _Link(self, p) for p in range(size) if p != rank}
         self.arena_path = ""
         self._pidfds = {}
         self._pid = os.getpid()
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
         self._spin_s, self._spin_ack_s, self._yields, self._yield_s = wait_policy(size, ncpu)
+        # a receiver asks the sender to copy half of a single-copy message only where
+        # every rank has a core: with more ranks than cores the help takes a core
+        # another rank's copy needs (world 4 on two cores, ACCORD_SHM_SPLIT=0 against
+        # the split in eight paired rounds: all_gather of 16 MiB 0.95x the time,
+        # broadcast and scatter 1.00-1.02x; benchmarks/results/small-messages.md)
+        self.split = size <= ncpu and split_message.wanted()
+        self.links = {p: _Link(self, p) for p in range(size) if p != rank}
         self.spin_s = self._spin_s if plane else 0.0     # transport/p2p.py's callers
         self.spin_ack_s = self._spin_ack_s if plane else 0.0
         self.wait_now_max = _INLINE if self.spin_s else -1     # take_now(wait_s) spins

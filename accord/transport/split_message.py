@@ -8,6 +8,9 @@ receiver's buffer with process_vm_writev meanwhile: both cores copy. Nothing wai
 for the sender's help: a sender busy elsewhere, or asleep past the receiver's copy,
 leaves the receiver to copy all of it, as before.
 
+Only where every rank of the group has a core (shm.py decides): with more ranks
+than cores the sender's help takes the core another rank's copy needs.
+
 Few large copies, not many small ones: on the 2-vCPU development VM a 4 MiB
 process_vm_readv took 420-470 µs in one call and 580-620 in 16 calls of 256 KiB
 (about 11 µs a call more), and a 4 MiB message split in halves 225-250 µs, in 256 KiB
