@@ -147,3 +147,53 @@ def test_the_benchmark_runs_every_way(op):
     for n in (1 << 20, 3 << 20):
         for way in ("ring", "alone", "split"):
             assert re.search(rf"^\[rank 0\] {n} {way} \d+ \d+$", out.stdout, re.M), out.stdout
+
+
+def _sender_dies_writing(rank, world, n):
+    import signal
+    import time
+    import types
+
+    import accord as dist
+    from accord.transport import cma, split_message
+    if rank == 0:
+        # the sender dies inside its first write into the receiver's buffer, its busy
+        # word up, once the receiver has copied everything and closed the message
+        from accord.world import default_group
+
+        def die_writing(*args):
+            t = default_group().p2p.t
+            word = t.links[1].o_coop.recv
+            while t.q[word] & split_message.MASK != split_message.CLOSED:
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGKILL)
+        split_message.cma = types.SimpleNamespace(read=cma.read, write=die_writing)
+        dist.send(_data(n, 0), 1)
+        return "sent"
+    # the receiver's first read waits, so that the sender is surely asked meanwhile
+    first = [True]
+
+    def slow_read(*args):
+        if first[0]:
+            first[0] = False
+            time.sleep(0.3)
+        cma.read(*args)
+    split_message.cma = types.SimpleNamespace(read=slow_read, write=cma.write)
+    got = np.empty(n, np.uint8)
+    dist.recv(got, 0)
+    whole = bool(np.array_equal(got, _data(n, 0)))
+    # the next call that needs the dead rank says so
+    try:
+        dist.recv(got, 0)
+    except dist.PeerLost as e:
+        return whole, "PeerLost", str(e)
+    return whole, "ok", ""
+
+
+def test_a_sender_killed_inside_its_write_leaves_the_receive_whole():
+    out = run_ranks(2, _sender_dies_writing, 8 << 20, env=SPLIT, expect_fail=True,
+                    timeout=60)
+    assert out[0][0] == "died", out[0]
+    kind, (whole, name, text) = out[1]
+    assert (kind, whole, name) == ("ok", True, "PeerLost"), out[1]
+    assert "rank 0" in text, text

@@ -45,8 +45,9 @@ That wait is for one write call of the sender's (at most what it claimed, under 
 millisecond here), which nothing but a stop of the sender's process (SIGSTOP, a
 debugger) can stretch: the receiver then waits until the sender goes on, its
 receive's timeout notwithstanding, since a receive that returned would leave its
-buffer open to the stopped write. A sender that dies or aborts ends the wait with
-the transport's error.
+buffer open to the stopped write. A sender that dies ends the wait (it writes no
+more, and the receiver has every byte); one that aborted does not (its thread may
+still be in the write).
 """
 import os
 import time
@@ -107,8 +108,7 @@ def receive(link, dest, src, n, seq):
     """The receiver's side: copy n bytes from the sender's address src into this
     process's address dest, while the sender may copy some of them. Returns once
     every byte is here and the sender will write no more; the caller then
-    acknowledges seq. OSError where a copy fails; the transport's error for a
-    sender that died while writing."""
+    acknowledges seq. OSError where a copy fails."""
     q, w = link.t.q, link.i_coop
     tag = seq << SHIFT
     total = units(n)
@@ -147,16 +147,17 @@ def receive(link, dest, src, n, seq):
 
 def _await_sender(link, seq):
     """Wait while the sender writes a range it claimed (at most one: it looks at
-    RECV before the next); its death or abort ends the wait with the transport's
-    error."""
+    RECV before the next). A sender that died writes nothing more: the wait ends
+    (every byte is here already, the receiver having copied whatever the sender had
+    not said it wrote). One that aborted may still be inside its write: the wait
+    goes on (the caller then reports the abort)."""
     t, q, i = link.t, link.t.q, link.i_coop.busy
     check = time.monotonic() + _CHECK_S
     while q[i] == seq:
         os.sched_yield()
         if time.monotonic() >= check:
-            t._check_abort()
             if link.peer in t._dead_peers():
-                raise t._gone(link.peer, False)
+                return
             check = time.monotonic() + _CHECK_S
 
 
