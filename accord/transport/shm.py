@@ -27,7 +27,9 @@ pair: 48 MiB at world 4, more than this kind of machine's last-level cache).
 A large message to a peer that may read this
 process's memory goes single-copy instead: the header carries the address of
 the sender's buffer, the receiver copies straight out of it with
-process_vm_readv and bumps `acked`; the send completes on that ack.
+process_vm_readv and bumps `acked`; the send completes on that ack. Meanwhile
+the sender, waiting for that ack, writes the back of the message into the
+receiver's buffer where the receiver asks it to (split_message.py).
 
 Waiting: spin briefly (yielding the core), then sleep on the rank's doorbell
 with FUTEX_WAIT, in bounded slices, checking between them that every peer is
