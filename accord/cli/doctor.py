@@ -364,6 +364,13 @@ def check_kernel(r):
         "C helper compiled, off (ACCORD_RING_HELPER=0): pure-Python path" if ring_helper.built()
         else "pure-Python path (the optional C helper was not built: no C compiler when "
              "accord was installed; reinstall with one to build it)"))
+    from accord.transport import split_message
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    r.line("INFO", "large single-copy messages: " + (
+        f"copied by the receiver and the waiting sender together, in groups of at most "
+        f"{ncpu} ranks on this host (a core each)" if split_message.wanted() else
+        "read by the receiver alone (ACCORD_SHM_SPLIT=0)"))
     from accord import localcopy
     mib = localcopy.STREAM_MIN >> 20
     r.line("INFO", "large local copies: " + (
