@@ -64,22 +64,23 @@ class _Copies:
         self.lock = threading.Lock()
 
     def read(self, pid, local, remote, n):
-        with self.lock:
-            i = sum(1 for c in self.calls if c[0] == "read")
-            self.calls.append(("read", remote - self.src, n))
-        assert local - self.dst == remote - self.src
-        if self.before_read is not None:
-            self.before_read(i)
+        # the receiver's copy: from the sender's src into its own dst
+        self._copy("read", remote - self.src, local - self.dst, n, self.before_read)
         cma.read(pid, local, remote, n)
 
     def write(self, pid, local, remote, n):
-        with self.lock:
-            i = sum(1 for c in self.calls if c[0] == "write")
-            self.calls.append(("write", local - self.src, n))
-        assert remote - self.dst == local - self.src
-        if self.before_write is not None:
-            self.before_write(i)
+        # the sender's copy: from its own src into the receiver's dst
+        self._copy("write", local - self.src, remote - self.dst, n, self.before_write)
         cma.write(pid, local, remote, n)
+
+    def _copy(self, side, src_off, dst_off, n, hook):
+        """Record a copy (both ends at the same offset), then run the side's hook."""
+        with self.lock:
+            i = sum(1 for c in self.calls if c[0] == side)
+            self.calls.append((side, src_off, n))
+        assert dst_off == src_off
+        if hook is not None:
+            hook(i)
 
     def moved(self, side):
         return sum(n for s, _, n in self.calls if s == side)
