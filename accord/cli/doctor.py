@@ -365,11 +365,10 @@ def check_kernel(r):
         else "pure-Python path (the optional C helper was not built: no C compiler when "
              "accord was installed; reinstall with one to build it)"))
     from accord.transport import split_message
-    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    from accord.transport.shm import usable_cores
     r.line("INFO", "large single-copy messages: " + (
         f"copied by the receiver and the waiting sender together, in groups of at most "
-        f"{ncpu} ranks on this host (a core each)" if split_message.wanted() else
+        f"{usable_cores()} ranks on this host (a core each)" if split_message.wanted() else
         "read by the receiver alone (ACCORD_SHM_SPLIT=0)"))
     from accord import localcopy
     mib = localcopy.STREAM_MIN >> 20

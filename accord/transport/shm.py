@@ -235,7 +235,6 @@ class _Link(StashMatching):
         # as its sender (out) and as its receiver (in)
         self.o_coop = split_message.Words(out_c)
         self.i_coop = split_message.Words(in_c)
-        self.split = t.split                    # this side's receives ask for help
         self.o_ring = t.mem[out_c + _PAGE:out_c + _PAGE + t.cap]
         self.i_ring = t.mem[in_c + _PAGE:in_c + _PAGE + t.cap]
         q = t.q
@@ -530,7 +529,7 @@ class _Link(StashMatching):
             moved = True
         if self.unacked and self.cma_in:
             s = self.unacked[0]
-            if not s.helped and s.nbytes and split_message.asked(self, s.seq):
+            if not s.helped and split_message.asked(self, s.seq):
                 s.helped = True
                 try:
                     moved = split_message.assist(self, s.seq, s.addr, s.nbytes) or moved
@@ -633,12 +632,8 @@ class _Link(StashMatching):
                                     cma.read(self.pid, cma.address(memoryview(whole)), addr,
                                              len(whole))
                                 dest[:] = whole
-                            elif self.split and self.cma_out and \
-                                    split_message.applies(len(dest)):
-                                split_message.receive(self, cma.address(dest), addr,
-                                                      len(dest), seq)
                             elif len(dest):
-                                cma.read(self.pid, cma.address(dest), addr, len(dest))
+                                self._copy_in(cma.address(dest), addr, len(dest), seq)
                         except OSError as e:
                             # a sender that aborted (another peer died, say) and exited
                             # is gone for that reason: report it, not the missing process
@@ -741,14 +736,27 @@ class _Link(StashMatching):
                 raise self.t.peer_lost(self.peer, f"announced a message of {owner.length} "
                                                   f"bytes, more than this process can hold") \
                     from None
-            if self.split and self.cma_out and split_message.applies(owner.length):
-                split_message.receive(self, buf.ctypes.data, addr, owner.length, seq)
-            else:
-                cma.read(self.pid, buf.ctypes.data, addr, owner.length)
+            self._copy_in(buf.ctypes.data, addr, owner.length, seq)
             owner.buf = buf
+
+    def _copy_in(self, dest, addr, n, seq):
+        """Copy single-copy message seq's n bytes from the sender's addr to this
+        process's dest: with the waiting sender writing the back where the group
+        splits such messages (split_message.py), else by the receiver alone."""
+        if self.t.split and self.cma_out and split_message.applies(n):
+            split_message.receive(self, dest, addr, n, seq)
+        else:
+            cma.read(self.pid, dest, addr, n)
 
     def has_input(self):
         return self.t.q[self.i_head_i] != self.i_tail
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (its affinity mask, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def wait_policy(size: int, ncpu: int):
@@ -799,8 +807,7 @@ class ShmTransport(Reports):
         self.arena_path = ""
         self._pidfds = {}
         self._pid = os.getpid()
-        ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-            (os.cpu_count() or 1)
+        ncpu = usable_cores()
         self._spin_s, self._spin_ack_s, self._yields, self._yield_s = wait_policy(size, ncpu)
         # a receiver asks the sender to copy half of a single-copy message only where
         # every rank has a core: with more ranks than cores the help takes a core
