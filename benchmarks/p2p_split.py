@@ -32,6 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from accord.cli.bench import parse_size  # noqa: E402  (after the path: run from a checkout)
+from accord.transport import split_message  # noqa: E402
+
+SPLITS = split_message.applies      # accord's own rule, put back for the "split" way
 
 WAYS = ("ring", "alone", "split")
 WINDOW = 4
@@ -39,11 +42,10 @@ WINDOW = 4
 
 def _use(way, n):
     """Switch this process to a way for n-byte messages."""
-    from accord.transport import split_message
     from accord.world import default_group
     t = default_group().p2p.t
     t.cma_min = n + 1 if way == "ring" else 1 << 20
-    split_message.applies = _applies if way == "split" else (lambda n: False)
+    split_message.applies = SPLITS if way == "split" else (lambda n: False)
 
 
 def _prepare(rank, op, bufs, pattern):
@@ -91,9 +93,6 @@ def main(argv=None):
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
     import accord
-    from accord.transport import split_message
-    global _applies
-    _applies = split_message.applies
     accord.init_process_group()
     rank = accord.get_rank()
     if accord.get_world_size() != 2:
@@ -130,8 +129,6 @@ def main(argv=None):
     if int(bad[0]):
         raise SystemExit(f"p2p_split.py: {int(bad[0])} blocks delivered wrong bytes")
 
-
-_applies = None
 
 if __name__ == "__main__":
     main()
