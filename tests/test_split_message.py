@@ -85,6 +85,18 @@ class _Copies:
     def moved(self, side):
         return sum(n for s, _, n in self.calls if s == side)
 
+    def read_once_writing(self, write_s=0.0):
+        """Hold the receiver's first read until the sender starts a write; each of the
+        sender's writes then takes write_s seconds more."""
+        writing = threading.Event()
+        self.before_read = lambda i: i == 0 and writing.wait(10)
+
+        def write(i):
+            writing.set()
+            if write_s:
+                time.sleep(write_s)
+        self.before_write = write
+
 
 @pytest.fixture
 def message(monkeypatch):
@@ -134,10 +146,8 @@ def test_receiver_alone_copies_everything_in_two_reads(message, n):
 def test_a_sender_there_from_the_start_writes_the_back_half(message, n):
     src, dst, copies = message(n)
     link = _Link()
-    wrote = threading.Event()
     # the receiver reads its half only once the sender is writing the other
-    copies.before_read = lambda i: i == 0 and wrote.wait(10)
-    copies.before_write = lambda i: wrote.set()
+    copies.read_once_writing()
     th, out, stop = _start_sender(link, 9, src, n)
     sm.receive(link, dst.ctypes.data, src.ctypes.data, n, 9)
     th.join(10)
@@ -179,13 +189,7 @@ def test_the_sender_claims_by_where_the_receiver_should_be(message, began_s, fir
 def test_a_slow_sender_and_a_fast_receiver_cover_every_byte(message, n):
     src, dst, copies = message(n)
     link = _Link()
-    started = threading.Event()
-    copies.before_read = lambda i: i == 0 and started.wait(10)
-
-    def slow(i):
-        started.set()
-        time.sleep(0.002)
-    copies.before_write = slow
+    copies.read_once_writing(0.002)
     th, out, stop = _start_sender(link, 3, src, n)
     sm.receive(link, dst.ctypes.data, src.ctypes.data, n, 3)
     th.join(10)
@@ -204,13 +208,7 @@ def test_no_sender_write_after_the_receive_returns(message):
     n = 4 << 20
     src, dst, copies = message(n)
     link = _Link()
-    in_write = threading.Event()
-    copies.before_read = lambda i: i == 0 and in_write.wait(10)
-
-    def held(i):
-        in_write.set()
-        time.sleep(0.2)          # the receiver meanwhile copies all of it itself
-    copies.before_write = held
+    copies.read_once_writing(0.2)      # the receiver meanwhile copies all of it itself
     th, out, stop = _start_sender(link, 4, src, n)
     sm.receive(link, dst.ctypes.data, src.ctypes.data, n, 4)
     assert np.array_equal(dst, src)
