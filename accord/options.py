@@ -122,6 +122,11 @@ def _parse_slot(text):
     return text
 
 
+# point-to-point messages go single-copy from this size where ACCORD_SHM_P2P_CMA and
+# ACCORD_SHM_CMA are unset (the reasons at Options.shm_p2p_cma_min)
+SHM_P2P_CMA_DEFAULT = 8 << 20
+
+
 @dataclass(frozen=True)
 class Options:
     timeout: float = DEFAULT_TIMEOUT
@@ -155,7 +160,7 @@ class Options:
     # 4 MiB 314-399 µs against 353-547; from 6-8 MiB single copy split is faster
     # (8 MiB 527-706 µs against 786-1007, a window of isends 933-1033 against
     # 1070-1184; benchmarks/results/small-messages.md)
-    shm_p2p_cma_min: int = 8 << 20
+    shm_p2p_cma_min: int = SHM_P2P_CMA_DEFAULT
     # ACCORD_SOCKET_IFNAME: the interface(s) the data plane and the store listen on
     # ("eth0", "eth0,ib0", "=eth0", "^docker,lo"; accord/netif.py); empty: the one
     # that routes to MASTER_ADDR
@@ -205,7 +210,8 @@ class Options:
             shm_arena=_parse_bytes(env.get("ACCORD_SHM_ARENA", ""), "ACCORD_SHM_ARENA", 64 << 20),
             shm_cma_min=cma,
             shm_p2p_cma_min=_parse_bytes(env.get("ACCORD_SHM_P2P_CMA", ""),
-                                         "ACCORD_SHM_P2P_CMA", 8 << 20 if cma is None else cma),
+                                         "ACCORD_SHM_P2P_CMA",
+                                         SHM_P2P_CMA_DEFAULT if cma is None else cma),
             socket_ifname=_parse_ifname(env.get("ACCORD_SOCKET_IFNAME", "")),
             restart_count=_parse_count(env.get("ACCORD_RESTART_COUNT", ""),
                                        "ACCORD_RESTART_COUNT"),

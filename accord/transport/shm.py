@@ -71,6 +71,7 @@ import numpy as np
 
 from ..byte_stream import ByteStream
 from ..errors import AccordError, CommTimeout, GroupClosed
+from ..options import SHM_P2P_CMA_DEFAULT
 from . import cma, cma_threshold, futex, ring_helper, shared_write, split_message
 from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
@@ -1797,7 +1798,7 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
     if measure:
         cma_min = cma_threshold.HIGH        # until the probe has spoken
         if p2p_cma_min is None:
-            p2p_cma_min = 8 << 20
+            p2p_cma_min = SHM_P2P_CMA_DEFAULT
     try:
         arena = Arena(mm, cap, room)
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
