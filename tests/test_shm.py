@@ -610,7 +610,7 @@ def test_point_to_point_has_its_own_single_copy_threshold():
 
 
 def test_how_a_rank_waits_depends_on_ranks_per_core():
-    from accord.transport.shm import SPIN_ACK_US, SPIN_US, YIELD_US, YIELDS, wait_policy
+    from accord.transport.waiting import SPIN_ACK_US, SPIN_US, YIELD_US, YIELDS, wait_policy
     # a core each: spin, then sleep
     assert wait_policy(2, 2) == (SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0)
     assert wait_policy(8, 16) == (SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0)

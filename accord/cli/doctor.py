@@ -365,7 +365,7 @@ def check_kernel(r):
         else "pure-Python path (the optional C helper was not built: no C compiler when "
              "accord was installed; reinstall with one to build it)"))
     from accord.transport import split_message
-    from accord.transport.shm import usable_cores
+    from accord.transport.waiting import usable_cores
     r.line("INFO", "large single-copy messages: " + (
         f"copied by the receiver and the waiting sender together, in groups of at most "
         f"{usable_cores()} ranks on this host (a core each)" if split_message.wanted() else

@@ -66,10 +66,11 @@ def build_transport(store, prefix, rank, size, describe_rank, options, addr, dea
                              f"{len(by_host)} hosts ({layout}); shared memory only links "
                              f"ranks on one host: use ACCORD_TRANSPORT=auto or tcp")
     socks = connect_mesh(store, prefix, rank, size, addr, deadline)
-    t = TcpTransport(rank, size, socks, describe_rank)
     if size > 1 and mode != "tcp":
+        t = TcpTransport(rank, size, socks, describe_rank, hosts.count(hosts[rank]))
         t.hosts = hosts         # mixed: api.py adds per-host shared memory (hierarchy.py)
-    return t
+        return t
+    return TcpTransport(rank, size, socks, describe_rank)
 
 
 def connect_p2p(store, prefix, rank, size, describe_rank, coll, addr, deadline):
@@ -81,5 +82,5 @@ def connect_p2p(store, prefix, rank, size, describe_rank, coll, addr, deadline):
     if coll.p2p is not None:
         return coll.p2p
     socks = connect_mesh(store, f"{prefix}/p2p", rank, size, addr, deadline)
-    return TcpTransport(rank, size, socks, describe_rank)
+    return TcpTransport(rank, size, socks, describe_rank, coll.members_here)
 

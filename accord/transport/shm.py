@@ -75,6 +75,7 @@ from ..options import SHM_P2P_CMA_DEFAULT
 from . import cma, cma_threshold, futex, ring_helper, shared_write, split_message
 from .matching import Recv, Stash, StashMatching, complete, route
 from .reports import Reports
+from .waiting import usable_cores, wait_policy
 from .wire import (COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
                    encode_error, header_problem, header_seq)
 
@@ -123,31 +124,6 @@ _PAD = 0x20                          # header kind: the ring is empty from here 
                                      # the next message starts at offset 0 (_Link.rewind)
 REWIND = (1 << 20) + 2 * HEADER_SIZE  # a one-piece message that would reach past this
                                      # offset of an empty ring starts over at its beginning
-SPIN_US = 200.0                      # spin this long before sleeping, where every rank
-                                     # has a core (none where ranks outnumber cores). With
-                                     # a busy loop of another program beside two ranks on
-                                     # two cores, 50 µs left a sleeper waiting for the
-                                     # scheduler: the 8-byte all_reduce took 122-164 µs in
-                                     # 4 of 5 runs, the barrier 127-146 µs in 3 of 5; with
-                                     # 200, 7-27 µs in 4 of 5 and 4.4-4.6 µs in all 5
-                                     # (MPICH, which spins on: 2.9 µs). Its cost: a rank
-                                     # waiting 5 ms for a peer's compute burns 0.52 ms of
-                                     # CPU a call, 0.30 ms with 50.
-SPIN_ACK_US = 1000.0                 # ... and this long for a peer copying a single-copy send
-YIELDS = 8                           # sched_yield()s before sleeping, when oversubscribed
-YIELD_US = 50.0                      # ... and for at least this long where some core has
-                                     # a rank to itself (ranks fewer than twice the
-                                     # cores). A sleeper's core then goes idle and wakes
-                                     # slowly, and an EEVDF kernel's sched_yield hands the
-                                     # core over only once the peer there is owed time, so
-                                     # 8 yields may last a few µs: at 3 ranks on 2 cores a
-                                     # broadcast_state of 10 tensors took 0.89-0.93x the
-                                     # time with the window, the 64 KiB-1 MiB collectives
-                                     # 0.56-0.99x. Where every core is shared (4 on 2),
-                                     # sleeping sooner frees the core for its other rank:
-                                     # the window made the barrier and 1 MiB broadcast
-                                     # and scatter 1.15-1.34x slower there (paired
-                                     # rounds, benchmarks/results/small-messages.md)
 _SLICE_S = 0.25                      # longest single futex sleep
 DEFER_S = 0.002                      # longest a tagged single-copy message nobody asked
                                      # for waits in the ring (Link._defer)
@@ -751,27 +727,6 @@ class _Link(StashMatching):
 
     def has_input(self):
         return self.t.q[self.i_head_i] != self.i_tail
-
-
-def usable_cores() -> int:
-    """How many cores this process may run on (its affinity mask, where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def wait_policy(size: int, ncpu: int):
-    """How a rank of `size` ranks on `ncpu` cores waits before it sleeps: (seconds to
-    spin, seconds to spin for a peer copying a single-copy send, sched_yield()s, and
-    the least seconds to go on yielding).
-
-    With a core each it spins (SPIN_US; SPIN_ACK_US through a peer's copy, rather than
-    pay a sleep and a wake-up after it). With more ranks than cores a spinning rank
-    takes the core its peer needs: it yields YIELDS times instead, and for YIELD_US
-    where some core still has a rank to itself (fewer ranks than twice the cores)."""
-    if size <= ncpu:
-        return SPIN_US * 1e-6, SPIN_ACK_US * 1e-6, 0, 0.0
-    return 0.0, 0.0, YIELDS, (YIELD_US * 1e-6 if size < 2 * ncpu else 0.0)
 
 
 class ShmTransport(Reports):
