@@ -3,7 +3,7 @@
 Shared by both transports. A rank that sleeps as soon as nothing has arrived pays
 the kernel's wake-up on every message: on the development VM 4-5 µs through a
 futex, about 30 µs through poll() on a loopback socket (a blocking ping-pong of 8
-bytes between two Python processes: 32-38 µs half a round trip), where the reply
+bytes between two Python processes: 32-41 µs half a round trip), where the reply
 itself takes a few. So a rank that has a core to itself looks again and again for
 a while (SPIN_US) before it sleeps; one that shares its core with another rank of
 the group does not, since its spinning would hold off the very rank it waits for.
