@@ -5,7 +5,7 @@
 
 This machine is shared and the same row moves by 20-50% between runs minutes
 apart, so a change is judged by running the trees in turn, round after round
-(a, b, a, b, ...), and comparing each row's median over the rounds. Each
+(a, b, then b, a, and so on), and comparing each row's median over the rounds. Each
 commit's tree is exported with `git archive` into a temporary directory and
 run from there (PYTHONPATH set to it), with this checkout's Python, so only
 accord's code differs. The name `.` is this checkout as it is, uncommitted
@@ -75,7 +75,10 @@ def main(argv=None):
             variants.append((name, trees[args.commits[0]], {var: value}))
         times = {name: {} for name, _, _ in variants}
         for r in range(args.rounds):
-            for name, tree, env in variants:
+            # every other round in reverse order: a drift of the host's speed within a
+            # round (the first variant a round runs meeting a slower or faster host than
+            # the last) cancels over pairs of rounds instead of favouring one variant
+            for name, tree, env in (variants if r % 2 == 0 else variants[::-1]):
                 got = bench_once(tree, env, args, os.path.join(tmp, f"{name}.{r}.csv"))
                 for row, lat in got.items():
                     times[name].setdefault(row, []).append(lat)
