@@ -26,9 +26,10 @@ from .wire import (ABORT, BYE, COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, abort_he
 _RBUF = 1 << 16          # reads of small messages land here first: one syscall per message
 _POLL_SLICE_MS = 1000
 # a collective's wait spins (where it has a core) only while none of its messages is
-# larger: larger ones stall on the sockets' flow control, not on a peer's wake-up, and
-# a spinning sender held back their delivery (16-64 MiB collectives over loopback:
-# 1.01-1.13x the time of sleeping at once, where 1 MiB took 0.70-0.83x)
+# larger: larger ones stall mostly on the sockets' flow control, not on a peer's
+# wake-up (two ranks over loopback, benchmarks/tcp_spin.py: not spinning made the 1 MiB
+# broadcast and scatter 1.30x and 1.16x slower; spinning for 4 and 16 MiB as well gave
+# 0.91-1.04x the time, no steady gain for the core it keeps busy)
 SPIN_BYTES = 1 << 20
 _IDLE_MASK = select.POLLRDHUP | select.POLLERR | select.POLLHUP
 _EOF_ERRNOS = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ECONNABORTED, errno.ETIMEDOUT)
@@ -272,8 +273,9 @@ class TcpTransport(Reports):
         self.members_here = size if members_here is None else members_here
         # a collective's wait for messages up to SPIN_BYTES, and a point-to-point
         # caller's (transport/p2p.py), looks again and again this long before poll()
-        # sleeps: half a loopback ping-pong round trip of 8 bytes took 20.8 µs, 33.3
-        # sleeping at once (medians of 8 paired rounds)
+        # sleeps: sleeping at once, a two-rank ping-pong over loopback took 1.9-2.5x
+        # the time at 8 B-256 KiB, the 8-byte all_gather and all_to_all 1.34x and 1.46x
+        # (benchmarks/tcp_spin.py)
         self.spin_s = wait_policy(self.members_here, usable_cores())[0]
         self.describe_rank = describe_rank      # group rank -> "rank 3" (global numbering)
         self.links = {}
@@ -326,8 +328,8 @@ class TcpTransport(Reports):
 
         meanwhile(): local work (a root's own block), run once the sends have gone as
         far as the sockets take them at once, so the peers read those bytes while this
-        thread copies (run first, it held a two-rank scatter over loopback 1.13-1.69x
-        as long from 1 to 64 MiB, and a 1 MiB all_gather 1.86x: six paired rounds,
+        thread copies (run first, a two-rank scatter of 64 MiB over loopback took 1.13x
+        as long; 64 KiB-16 MiB scatter, all_gather and all_to_all 0.94-1.05x:
         benchmarks/results/small-messages.md); ring: a shared-memory hint,
         meaningless here."""
         self._check_usable()
@@ -475,9 +477,9 @@ class TcpTransport(Reports):
         """Look at the sockets of the unfinished operations without sleeping, until one
         can move or time.perf_counter() reaches `until`. By poll() with no timeout
         rather than by trying to read: a read takes the socket's lock, which the
-        delivery of the peer's bytes also takes (8 paired rounds over loopback at world
-        2: 64 KiB-1 MiB collectives in 0.70-1.06x the time of spinning on reads, 1 MiB
-        0.83-0.91x; benchmarks/results/small-messages.md)."""
+        delivery of the peer's bytes also takes (spinning on reads, 8-byte collectives
+        took 1.14-1.41x the time of not spinning in a first run; on poll(), 0.68-1.08x
+        in benchmarks/tcp_spin.py; benchmarks/results/small-messages.md)."""
         links = self.links
         p = select.poll()
         for s in sends:
