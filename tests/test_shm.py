@@ -297,6 +297,47 @@ def test_sigkill_mid_collective_gives_peer_lost(env):
         assert took < 8
 
 
+def test_a_crash_is_reported_before_a_departure_it_caused():
+    # In-process ranks (threads). Rank 2 crashed; rank 1, which got its own PeerLost
+    # from that, has already left the group; rank 0 still waits on rank 1 when its
+    # liveness check runs. The crash is the cause: rank 0 names rank 2, not only that
+    # rank 1 left (a three-rank SIGKILL test once got "rank 1 left the group" in CI).
+    import threading
+
+    from accord.store import HashStore
+    from accord.transport import shm
+    from accord.transport.matching import Recv
+    from accord.transport.wire import Stamp
+    store, out = HashStore(), [None] * 3
+
+    def member(r):
+        out[r] = shm.connect_shm(store, "crash-first", r, 3, lambda g: f"rank {g}",
+                                 time.monotonic() + 20, arena_bytes=8 << 20)
+    ts = [threading.Thread(target=member, args=(r,)) for r in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    t0, t1 = out[0], out[1]
+    try:
+        t1.q[(t1.rank_offset(1) + shm._R_DEPARTED) // 8] = 1      # rank 1 has left
+        t0._dead_peers = lambda: {2}                              # rank 2's process is gone
+        stamp = Stamp(2, 1, 0, 0, 0, 8, "uint8")
+        waiting = Recv(1, memoryview(bytearray(8)), stamp=stamp)
+        with pytest.raises(dist.PeerLost) as e:
+            t0._check_peers([waiting], [], ())
+        assert "rank 2" in str(e.value) and "died" in str(e.value), str(e.value)
+        # with no crash, the departure is what rank 0 reports
+        t0._dead_peers = lambda: set()
+        with pytest.raises(dist.PeerLost, match="rank 1 left the group"):
+            t0._check_peers([waiting], [], ())
+    finally:
+        for t in out:
+            if t is not None:
+                t.p2p.close(0.0)
+                t.close(0.0)
+
+
 def _desync(rank, world):
     x = np.zeros(4, np.float32)
     try:

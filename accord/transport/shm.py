@@ -1214,7 +1214,8 @@ class ShmTransport(Reports):
                     if stamp is not None:
                         self._check_incoming(stamp)
                     dead = self._dead_peers()
-                    for p, i, v in waiting:
+                    # a crash before a departure (as in _check_peers)
+                    for p, i, v in sorted(waiting, key=lambda w: w[0] not in dead):
                         if q[i] >= v:
                             continue
                         if p in dead or q[self.links[p].peer_departed_i] == 1:
@@ -1289,10 +1290,16 @@ class ShmTransport(Reports):
         dead = self._dead_peers()
         needed = {r.peer for r in recvs if not r.done} | {s.peer for s in sends if not s.done} \
             | set(drain)
+        gone = []
         for peer, link in self.links.items():
             departed = self.q[link.peer_departed_i] == 1 or link.departed
-            if not departed and peer not in dead:
-                continue
+            if departed or peer in dead:
+                gone.append((departed, peer))
+        # a crash before a departure: a peer that left while this rank needed it most
+        # often left over that crash (its own PeerLost), and the crash is the cause to
+        # report (seen in CI: rank 2 SIGKILLed mid all_reduce, rank 0 said only that
+        # rank 1 had left)
+        for departed, peer in sorted(gone):
             if peer in needed:
                 # its last words may still be in the ring
                 self._step(recvs, sends, drain)

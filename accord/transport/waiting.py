@@ -11,12 +11,13 @@ the group does not, since its spinning would hold off the very rank it waits for
 import os
 
 SPIN_US = 200.0                      # spin this long before sleeping, where every rank
-                                     # has a core (none where ranks outnumber cores). With
-                                     # a busy loop of another program beside two ranks on
-                                     # two cores, 50 µs left a sleeper waiting for the
-                                     # scheduler: the 8-byte all_reduce took 122-164 µs in
-                                     # 4 of 5 runs, the barrier 127-146 µs in 3 of 5; with
-                                     # 200, 7-27 µs in 4 of 5 and 4.4-4.6 µs in all 5
+                                     # has a core (none where ranks outnumber cores). Over
+                                     # shared memory, with a busy loop of another program
+                                     # beside two ranks on two cores, 50 µs left a sleeper
+                                     # waiting for the scheduler: the 8-byte all_reduce
+                                     # took 122-164 µs in 4 of 5 runs, the barrier
+                                     # 127-146 µs in 3 of 5; with 200, 7-27 µs in 4 of 5
+                                     # and 4.4-4.6 µs in all 5
                                      # (MPICH, which spins on: 2.9 µs). Its cost: a rank
                                      # waiting 5 ms for a peer's compute burns 0.52 ms of
                                      # CPU a call, 0.30 ms with 50.
