@@ -56,6 +56,14 @@ def test_doctor_says_how_large_single_copy_messages_go():
 
 
 @pytest.mark.timeout(60)
+def test_doctor_says_how_a_rank_waits():
+    ncpu = len(os.sched_getaffinity(0))
+    p = doctor("--no-health")
+    assert (f"waiting for a peer: 200 µs of spinning before sleeping, in groups of at most "
+            f"{ncpu} ranks on this host") in p.stdout, p.stdout
+
+
+@pytest.mark.timeout(60)
 def test_doctor_fails_on_bad_settings():
     p = doctor("--no-health", env_update={"ACCORD_TRANSPORT": "carrier-pigeon"})
     assert p.returncode == 1, p.stdout + p.stderr
