@@ -365,11 +365,12 @@ def check_kernel(r):
         else "pure-Python path (the optional C helper was not built: no C compiler when "
              "accord was installed; reinstall with one to build it)"))
     from accord.transport import split_message
+    from accord.transport.tcp import SPIN_BYTES
     from accord.transport.waiting import SPIN_US, usable_cores
     r.line("INFO", f"waiting for a peer: {SPIN_US:.0f} µs of spinning before sleeping, in "
                    f"groups of at most {usable_cores()} ranks on this host (a core each; over "
-                   f"TCP for messages up to 1 MiB); no spin in larger groups (shared memory "
-                   f"yields the core a few times first)")
+                   f"TCP for messages up to {SPIN_BYTES >> 10} KiB); no spin in larger groups "
+                   f"(shared memory yields the core a few times first)")
     r.line("INFO", "large single-copy messages: " + (
         f"copied by the receiver and the waiting sender together, in groups of at most "
         f"{usable_cores()} ranks on this host (a core each)" if split_message.wanted() else
