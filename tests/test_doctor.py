@@ -45,22 +45,16 @@ def test_doctor_passes_here():
 
 
 @pytest.mark.timeout(60)
-def test_doctor_says_how_large_single_copy_messages_go():
+def test_doctor_says_how_ranks_wait_and_how_large_single_copy_messages_go():
     ncpu = len(os.sched_getaffinity(0))
     p = doctor("--no-health")
+    assert (f"waiting for a peer: 200 µs of spinning before sleeping, in groups of at most "
+            f"{ncpu} ranks on this host") in p.stdout, p.stdout
     assert (f"large single-copy messages: copied by the receiver and the waiting sender "
             f"together, in groups of at most {ncpu} ranks on this host") in p.stdout, p.stdout
     p = doctor("--no-health", env_update={"ACCORD_SHM_SPLIT": "0"})
     assert "large single-copy messages: read by the receiver alone (ACCORD_SHM_SPLIT=0)" \
         in p.stdout, p.stdout
-
-
-@pytest.mark.timeout(60)
-def test_doctor_says_how_a_rank_waits():
-    ncpu = len(os.sched_getaffinity(0))
-    p = doctor("--no-health")
-    assert (f"waiting for a peer: 200 µs of spinning before sleeping, in groups of at most "
-            f"{ncpu} ranks on this host") in p.stdout, p.stdout
 
 
 @pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import accord as dist
-from harness import run_ranks, spy_algorithms
+from harness import run_ranks, shm_in_threads, spy_algorithms
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -302,24 +302,10 @@ def test_a_crash_is_reported_before_a_departure_it_caused():
     # from that, has already left the group; rank 0 still waits on rank 1 when its
     # liveness check runs. The crash is the cause: rank 0 names rank 2, not only that
     # rank 1 left (a three-rank SIGKILL test once got "rank 1 left the group" in CI).
-    import threading
-
-    from accord.store import HashStore
     from accord.transport import shm
     from accord.transport.matching import Recv
     from accord.transport.wire import Stamp
-    store, out = HashStore(), [None] * 3
-
-    def member(r):
-        out[r] = shm.connect_shm(store, "crash-first", r, 3, lambda g: f"rank {g}",
-                                 time.monotonic() + 20, arena_bytes=8 << 20)
-    ts = [threading.Thread(target=member, args=(r,)) for r in range(3)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
-    t0, t1 = out[0], out[1]
-    try:
+    with shm_in_threads("crash-first", 3, arena_bytes=8 << 20) as (t0, t1, _):
         t1.q[(t1.rank_offset(1) + shm._R_DEPARTED) // 8] = 1      # rank 1 has left
         t0._dead_peers = lambda: {2}                              # rank 2's process is gone
         stamp = Stamp(2, 1, 0, 0, 0, 8, "uint8")
@@ -331,11 +317,6 @@ def test_a_crash_is_reported_before_a_departure_it_caused():
         t0._dead_peers = lambda: set()
         with pytest.raises(dist.PeerLost, match="rank 1 left the group"):
             t0._check_peers([waiting], [], ())
-    finally:
-        for t in out:
-            if t is not None:
-                t.p2p.close(0.0)
-                t.close(0.0)
 
 
 def _desync(rank, world):
@@ -379,8 +360,6 @@ def test_timeout_names_the_peer():
 
 def test_arena_file_is_private(monkeypatch):
     """Mode 0600 and an unguessable name, checked on the file before it is unlinked."""
-    import threading
-    from accord.store import HashStore
     from accord.transport import shm
     seen = []
     real = shm._unlink
@@ -390,22 +369,10 @@ def test_arena_file_is_private(monkeypatch):
             seen.append((path, os.stat(path).st_mode & 0o777))
         real(path)
     monkeypatch.setattr(shm, "_unlink", spy)
-    store = HashStore()
-    out = {}
-
-    def member(r):
-        out[r] = shm.connect_shm(store, "t", r, 2, lambda g: f"rank {g}",
-                                 time.monotonic() + 10, arena_bytes=1 << 20)
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(15)
-    assert len(out) == 2
-    path, mode = seen[0]
-    assert mode == 0o600 and not os.path.exists(path)
-    for t in out.values():
-        t.close()
+    with shm_in_threads("t", 2, arena_bytes=1 << 20) as members:
+        assert None not in members
+        path, mode = seen[0]
+        assert mode == 0o600 and not os.path.exists(path)
 
 
 def test_arena_size_is_bounded():

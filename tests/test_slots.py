@@ -15,7 +15,7 @@ import pytest
 
 import accord as dist
 from accord.transport import shared_write
-from harness import run_ranks, timed
+from harness import run_ranks, shm_in_threads, timed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -327,21 +327,9 @@ def test_a_writer_woken_by_an_abort_says_why_even_if_the_aborter_left_too():
     # is due: rank 0 must report the abort's reason, not only that rank 2 left.
     import threading
 
-    from accord.store import HashStore
     from accord.transport import shm
     from accord.transport.wire import Stamp
-    store, out = HashStore(), [None] * 3
-
-    def member(r):
-        out[r] = shm.connect_shm(store, "slots-abort", r, 3, lambda g: f"rank {g}",
-                                 time.monotonic() + 20, arena_bytes=8 << 20, cma_min=0)
-    ts = [threading.Thread(target=member, args=(r,)) for r in range(3)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
-    t0, t2 = out[0], out[2]
-    try:
+    with shm_in_threads("slots-abort", 3, arena_bytes=8 << 20, cma_min=0) as (t0, _, t2):
         s = t0.slots
         stamp = Stamp(2, 1, 0, 0, 0, 4 * s.room, "uint8")
         for _ in range(2):                          # fill the slot for rank 2
@@ -364,8 +352,3 @@ def test_a_writer_woken_by_an_abort_says_why_even_if_the_aborter_left_too():
         assert not w.is_alive()
         assert isinstance(got[0], dist.PeerLost), got
         assert "rank 2 gives up" in str(got[0]) and "[reported by rank 2]" in str(got[0]), got
-    finally:
-        for t in out:
-            if t is not None:
-                t.p2p.close(0.0)
-                t.close(0.0)
