@@ -335,24 +335,27 @@ class TcpTransport(Reports):
         self._check_usable()
         recvs, scatter = staged(recvs)
         posted = []
+        largest = 0                     # the largest message still to move (SPIN_BYTES)
         for peer, buf in recvs:
             r = Recv(peer, buf, stamp=stamp)
             link = self.links[peer]
             if not link.take_stashed(r):
                 link.posted.append(r)
                 posted.append(r)
+                if r.length > largest:
+                    largest = r.length
         outgoing = []
         for peer, buf in sends:
-            s = _Send(peer, stamp.header(len(buf)), buf)
+            n = len(buf)
+            s = _Send(peer, stamp.header(n), buf)
             self.links[peer].sends.append(s)
             outgoing.append(s)
+            if n > largest:
+                largest = n
         self._sending = stamp
         if self._benign:
             self._benign.clear()
-        spin = self.spin_s
-        if spin and not (all(len(b) <= SPIN_BYTES for _, b in sends) and
-                         all(len(b) <= SPIN_BYTES for _, b in recvs)):
-            spin = 0.0
+        spin = self.spin_s if largest <= SPIN_BYTES else 0.0
         try:
             self._progress(posted, outgoing, deadline, spin, meanwhile)
         finally:
