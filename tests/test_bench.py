@@ -199,7 +199,7 @@ def test_merge_runs_takes_the_median():
     assert abs(row["busbw_GBps"] - (1 << 20) / 200e-6 / 1e9) < 1e-9
 
 
-P2P = ["pingpong", "p2p_bw"]
+P2P = ["pingpong", "p2p_bw", "halo"]
 
 
 def available(lib):
@@ -209,7 +209,7 @@ def available(lib):
 
 @pytest.mark.timeout(90)
 def test_quick_p2p_compare(tmp_path):
-    """pingpong and p2p_bw rows for accord and every comparison library installed here,
+    """pingpong, p2p_bw and halo rows for accord and every comparison library installed here,
     verified, in the table (ratio columns), the CSV and the markdown."""
     others = [lib for lib in ("gloo", "mpi") if available(lib)]
     out, md = tmp_path / "out.csv", tmp_path / "table.md"
@@ -218,8 +218,8 @@ def test_quick_p2p_compare(tmp_path):
               "--csv", str(out), "--markdown", str(md), *extra, timeout=80)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
-    body = [l.split() for l in lines if l.startswith(("pingpong ", "p2p_bw "))]
-    assert len(body) == 4
+    body = [l.split() for l in lines if l.startswith(("pingpong ", "p2p_bw ", "halo "))]
+    assert len(body) == 6
     if others:
         for cells in body:                       # ratio columns end every data row
             ratios = [float(c.rstrip("x")) for c in cells[-2 * len(others):]]
@@ -233,19 +233,21 @@ def test_quick_p2p_compare(tmp_path):
         check_rows(rows, lib, P2P, [8, 1024])
         for r in rows:
             if r["lib"] == lib and r["op"] in P2P:
-                assert int(r["msgs_per_iter"]) == (2 if r["op"] == "pingpong" else 64)
+                assert int(r["msgs_per_iter"]) == {"pingpong": 2, "p2p_bw": 64, "halo": 1}[r["op"]]
                 assert r["algbw_GBps"] == r["busbw_GBps"]
     text = md.read_text()
     assert "| pingpong | 8 B |" in text and "| p2p_bw | 1 KiB |" in text
+    assert "| halo | 8 B |" in text and "both neighbours of a ring" in text
 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_quick_p2p_accord_world3(tmp_path, transport):
-    """accord's p2p rows over each transport, at world 3 (rank 2 only joins the barriers),
-    with a message above 1 MiB (window of 4) next to a collective on the same size."""
+    """accord's p2p rows over each transport, at world 3 (rank 2 only joins pingpong's and
+    p2p_bw's barriers; every rank exchanges halos), with a message above 1 MiB (window of
+    4) next to a collective on the same size."""
     out = tmp_path / "out.csv"
-    p = bench("--quick", "-n", "3", "--transport", transport, "--ops", "pingpong,p2p_bw,broadcast",
+    p = bench("--quick", "-n", "3", "--transport", transport, "--ops", "pingpong,p2p_bw,halo,broadcast",
               "--sizes", "8,2M", "--csv", str(out), timeout=80)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = read_csv(out)
@@ -286,6 +288,30 @@ def test_p2p_verify_catches_wrong_data():
         assert verify([]) is True                # nothing checked before an op has run
         ops["pingpong"]()
         ops["p2p_bw"]()
+        ops["halo"]()                            # both neighbours are rank 0
         assert verify(P2P) is want
     ops, verify = p2p_ops(_Loopback(pattern(numel, 0)), 2, 3, numel * 4)   # idle rank
-    assert ops["pingpong"]() is None and verify(P2P) is True
+    assert ops["pingpong"]() is None and verify(["pingpong", "p2p_bw"]) is True
+
+
+class _ByPeer(_Loopback):
+    """A fake endpoint whose receives from `peer` deliver pattern(peer + shift)."""
+
+    def __init__(self, numel, shift):
+        self.numel, self.shift, self.to_buf = numel, shift, lambda a: a
+
+    def recv(self, buf, peer, tag):
+        from accord.cli.bench_p2p import pattern
+        buf[:] = pattern(self.numel, (peer + self.shift) % 3)
+
+
+def test_halo_verify_checks_each_neighbour():
+    """At world 3, rank 2's halo takes rank 1's message on the left and rank 0's on
+    the right: the check fails where the neighbours' messages are swapped."""
+    from accord.cli.bench_p2p import p2p_ops
+    numel = 64
+    for shift, want in ((0, True), (1, False), (2, False)):
+        ops, verify = p2p_ops(_ByPeer(numel, shift), 2, 3, numel * 4)
+        assert verify(["halo"]) is False         # nothing received yet: zeros
+        ops["halo"]()
+        assert verify(["pingpong", "p2p_bw", "halo"]) is want

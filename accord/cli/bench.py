@@ -1,6 +1,6 @@
 """`accord bench`: time accord's collectives and point-to-point, side by side with gloo and MPI.
 
-    accord bench -n 2 --ops broadcast,all_gather,scatter,all_reduce,pingpong,p2p_bw \\
+    accord bench -n 2 --ops broadcast,all_gather,scatter,all_reduce,pingpong,p2p_bw,halo \\
                  --sizes 8,1K,64K,1M,16M,64M [--compare gloo,mpi] [--csv out.csv] [--plot out.png]
 
 For every world size (-n 2,4 gives one table each) the ranks of every library are
@@ -9,11 +9,12 @@ loopback, GLOO_SOCKET_IFNAME=lo), MPI's by the mpiexec next to this Python (mpi4
 MPICH), each library only where it is installed. Every rank runs
 accord.cli.bench_worker, which times every op the same way: warm-up, then timed blocks
 of ops each preceded by a barrier, the max over ranks of each block, the median
-block; busbw with nccl-tests' factors. A barrier row gives barrier latency. The
+block; busbw with nccl-tests' factors. A barrier row gives barrier latency. Two
 point-to-point ops, between ranks 0 and 1, are the OSU benchmarks'
 (accord.cli.bench_p2p): pingpong is osu_latency (half a blocking round trip), p2p_bw is
 osu_bw (a window of isends matched by irecvs, then an ack; bytes one way per
-second).
+second); halo is a simulation's boundary exchange on every rank (irecv from both
+neighbours of a ring, isend to both, wait for all; one step's time).
 """
 import csv
 import importlib.util
@@ -87,7 +88,8 @@ def add_arguments(parser):
                              "each rank's output block SIZE bytes; all_to_all is "
                              "all_to_all_single, SIZE bytes from each rank to each; "
                              "pingpong and p2p_bw "
-                             "are point-to-point between ranks 0 and 1)")
+                             "are point-to-point between ranks 0 and 1; halo is "
+                             "every rank's exchange with both neighbours of a ring)")
     parser.add_argument("--sizes", default=None,
                         help=f"bytes of each rank's float32 tensor, K/M/G binary units "
                              f"(default {DEFAULT_SIZES}; {QUICK_SIZES} with --quick)")
@@ -519,7 +521,10 @@ LEGEND = ("lat us: median over blocks of the slowest rank's mean op time; algbw/
 P2P_LEGEND = ("pingpong: lat = half a blocking send/recv round trip between ranks 0 and 1 "
               "(osu_latency); p2p_bw: lat = a window's time (isends on rank 0, matching "
               "irecvs on rank 1, then a 4-byte ack) over its messages (64, or 4 above 1 MiB), "
-              "busbw = algbw = bytes one way per second (osu_bw).")
+              "busbw = algbw = bytes one way per second (osu_bw); halo: lat = one step "
+              "of every rank's exchange with both neighbours of a ring (irecv from each, "
+              "isend to each, wait for all four), busbw = algbw = bytes one rank sends "
+              "(two messages) per second.")
 
 
 def legend(settings):

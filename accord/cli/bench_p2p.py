@@ -10,8 +10,14 @@ waits for all of its window, then rank 1 sends a 4-byte ack that rank 0
 receives.  One timed call is one window plus the ack; the row's latency is the
 window's time over its messages, so algbw (= busbw) is bytes one way per second.
 
-Only ranks 0 and 1 exchange messages; any other rank joins the barriers and the
-max over ranks with a zero-time call.  The two sides post in the same order
+halo (a simulation's boundary exchange): every rank of a periodic 1-D ring posts
+non-blocking receives from its left and right neighbours, then non-blocking sends
+to both, then waits for all four (MPI's usual pattern). One timed call is one such
+step on every rank; algbw (= busbw) is the bytes one rank sends (two messages) per
+second. At world 2 both neighbours are the same rank, told apart by the tags.
+
+pingpong and p2p_bw run between ranks 0 and 1; any other rank joins the barriers
+and the max over ranks with a zero-time call.  The two sides post in the same order
 (every send before the ack's receive, every receive before the ack's send), so
 the window does not depend on a posted receive letting later operations of the
 group run first.
@@ -21,8 +27,9 @@ each size the receivers' buffers are compared with what they should hold.
 """
 import numpy as np
 
-P2P_OPS = ("pingpong", "p2p_bw")
-TAG = 17                      # the timed messages' tag (the ack uses TAG + 1)
+P2P_OPS = ("pingpong", "p2p_bw", "halo")
+TAG = 17                      # the timed messages' tag (the ack uses TAG + 1;
+                              # halo: TAG to the right neighbour, TAG + 1 to the left)
 _WINDOW, _BIG, _BIG_WINDOW = 64, 1 << 20, 4
 
 
@@ -33,8 +40,9 @@ def window(size):
 
 
 def messages_per_call(op, size):
-    """How many one-way messages one timed call of a p2p op moves."""
-    return 2 if op == "pingpong" else window(size)
+    """How many one-way messages one timed call of a p2p op is divided into for its
+    row's latency (a halo row's latency is the whole step's)."""
+    return {"pingpong": 2, "halo": 1}.get(op) or window(size)
 
 
 def pattern(numel, sender):
@@ -95,14 +103,35 @@ def _same(got, want):
     return bool((got == want).all())
 
 
+def _halo(ep, rank, world, numel):
+    """(one halo step on this rank, verify()): see the module's text."""
+    buf = ep.to_buf
+    left, right = (rank - 1) % world, (rank + 1) % world
+    mine = buf(pattern(numel, rank))
+    from_left, from_right = buf(np.zeros(numel, np.float32)), buf(np.zeros(numel, np.float32))
+
+    def halo():
+        ep.wait_all([ep.irecv(from_left, left, TAG), ep.irecv(from_right, right, TAG + 1),
+                     ep.isend(mine, right, TAG), ep.isend(mine, left, TAG + 1)])
+
+    def verify():
+        return _same(from_left, pattern(numel, left)) and _same(from_right, pattern(numel, right))
+    return halo, verify
+
+
 def p2p_ops(ep, rank, world, size):
     """({op: one timed call}, verify(done)) for the p2p ops on this rank.
 
     ep: a TorchStyle or MpiStyle; size: bytes of each message (float32)."""
     numel = size // 4
-    if world < 2 or rank > 1:
+    if world < 2:
         idle = lambda: None
         return {op: idle for op in P2P_OPS}, lambda done: True
+    halo, halo_ok = _halo(ep, rank, world, numel)
+    if rank > 1:
+        idle = lambda: None
+        return {"pingpong": idle, "p2p_bw": idle, "halo": halo}, \
+            lambda done: "halo" not in done or halo_ok()
     peer = 1 - rank
     buf = ep.to_buf
     mine, theirs = buf(pattern(numel, rank)), buf(pattern(numel, peer))
@@ -129,11 +158,11 @@ def p2p_ops(ep, rank, world, size):
             ep.send(ack_out, peer, TAG + 1)
 
     def verify(done):
-        ok = True
+        ok = "halo" not in done or halo_ok()
         if "pingpong" in done:
             ok &= _same(got_pp, theirs)
         if "p2p_bw" in done:
             ok &= _same(ack_in, ack_out) if rank == 0 else _same(got_bw, theirs)
         return ok
 
-    return {"pingpong": pingpong, "p2p_bw": p2p_bw}, verify
+    return {"pingpong": pingpong, "p2p_bw": p2p_bw, "halo": halo}, verify

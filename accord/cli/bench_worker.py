@@ -11,9 +11,10 @@ blocks of ITERS ops, each block preceded by a barrier; a block's time is its
 mean op time; the max over ranks of every block time (and of each rank's
 median single-op time) is taken with an all_reduce(MAX); the reported latency
 is the median block.  size = bytes of each rank's float32 tensor; busbw uses
-nccl-tests' factors.  The point-to-point ops (pingpong, p2p_bw: see
-accord.cli.bench_p2p) run in the same loop, one op being one round trip or one
-window, and their latency is divided by the messages that op moves.
+nccl-tests' factors.  The point-to-point ops (pingpong, p2p_bw, halo: see
+accord.cli.bench_p2p) run in the same loop, one op being one round trip, one
+window or one exchange step; pingpong's and p2p_bw's latency is divided by the
+messages that op moves.
 
 Rank 0 writes lines that start with PREFIX on stdout, one JSON object each:
 {"progress": "..."} before each measurement, {"row": {...}} after it.  After
@@ -56,13 +57,15 @@ def bus_factor(op, n):
     return {"broadcast": 1.0, "all_gather": (n - 1) / n, "scatter": (n - 1) / n,
             "all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n,
             "all_to_all": (n - 1) / n, "barrier": 0.0,
-            "pingpong": 1.0, "p2p_bw": 1.0}[op]
+            "pingpong": 1.0, "p2p_bw": 1.0, "halo": 1.0}[op]
 
 
 def algbw_bytes(op, size, world):
     """nccl-tests' S: the bytes an op is said to move (all_gather/scatter/reduce_scatter/
     all_to_all: the whole buffer; pingpong/p2p_bw: one message, their latency being per
-    message)."""
+    message; halo: the two messages a rank sends in a step)."""
+    if op == "halo":
+        return 2 * size
     return size * world if op in ("all_gather", "scatter", "reduce_scatter",
                                   "all_to_all") else size
 
