@@ -106,6 +106,8 @@ class Engine:
         # progressing inline while the engine is idle (no thread hand-off then)
         self._busy = threading.Lock()
         self.spin_s = transport.spin_s       # how long a blocking caller progresses itself
+        self.yields = getattr(transport, "yields", 0)
+        self.yield_s = getattr(transport, "yield_s", 0.0)
         self._inbox = []
         self._thread = None
         self._closed = None              # why no more posts are taken
@@ -425,7 +427,18 @@ class Engine:
                 if future.__class__ is Pending and time.perf_counter() < spin_end:
                     self._take_spinning(future, spin_end, end)
                 armed = False
+                # where ranks share cores: yield the core (to the peer, maybe) and look
+                # again, before a sleep makes every message of the peers a wake-up
+                yields, yield_end = self.yields, time.perf_counter() + self.yield_s
+                yielding = yields > 0 or self.yield_s > 0
                 while not future.done():
+                    if yielding:
+                        if yields > 0 or time.perf_counter() < yield_end:
+                            yields -= 1
+                            os.sched_yield()
+                            self._turn()
+                            continue
+                        yielding = False
                     if armed and time.perf_counter() < spin_end:
                         # spinning: move the links without raising their flags, so that
                         # the peer's next message wakes no sleeper (the engine thread,

@@ -774,6 +774,9 @@ class ShmTransport(Reports):
         self.links = {p: _Link(self, p) for p in range(size) if p != rank}
         self.spin_s = self._spin_s if plane else 0.0     # transport/p2p.py's callers
         self.spin_ack_s = self._spin_ack_s if plane else 0.0
+        # where ranks share cores, a p2p caller yields its core this many times (and for
+        # at least yield_s) before it sleeps
+        self.yields, self.yield_s = (self._yields, self._yield_s) if plane else (0, 0.0)
         self.wait_now_max = _INLINE if self.spin_s else -1     # take_now(wait_s) spins
         self._last_check = time.monotonic()
         self.cma_everywhere = False              # set by read_cma_flags
