@@ -16,7 +16,7 @@ from .algorithms import rooted, split
 from .algorithms.table import choose
 from .args import (buf_list, check_len, optional_list, root_rank, same_dtype, same_size,
                    split_counts)
-from .buffers import already_in_place, as_buf, message_view
+from .buffers import already_in_place, as_buf, message_view, plain_view
 from .group import ProcessGroup
 from .localcopy import copy_into
 from .options import to_seconds
@@ -663,6 +663,28 @@ def _p2p_args(g, is_send, tensor, peer_global, peer_local, tag, timeout):
     return peer, tag, view, None if is_send else finish, timeout
 
 
+def _p2p_quick(tensor, peer, group, tag, is_send):
+    """isend/irecv's usual call, checked in one place: a member's global rank, an int
+    tag, a contiguous numpy array of a supported dtype (writable to receive), the
+    group's timeout. Its Work, or None where anything differs: _p2p_call then checks
+    the call the long way (and raises its errors)."""
+    g = resolve_group(group)
+    if tensor.__class__ is not np.ndarray or tag.__class__ is not int or \
+            peer.__class__ is not int or not -_TAG_MAX - 1 <= tag <= _TAG_MAX or \
+            not g.is_member:
+        return None
+    view = plain_view(tensor, not is_send)
+    if view is None:
+        return None
+    ranks = g.ranks
+    if peer not in ranks:
+        return None
+    peer = ranks.index(peer)
+    if peer == g.rank:
+        return None
+    return _p2p_work(g, "isend" if is_send else "irecv", is_send, peer, tag, view, None, None)
+
+
 def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
     g = resolve_group(group)
     opname = ("isend" if async_op else "send") if is_send else ("irecv" if async_op else "recv")
@@ -752,6 +774,10 @@ def isend(tensor: Tensor, dst: Optional[int] = None, group: Optional[ProcessGrou
         accord.CommTimeout: nothing matched within timeout (default: the group's).
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
+    if group_dst is None and timeout is None:
+        w = _p2p_quick(tensor, dst, group, tag, True)
+        if w is not None:
+            return w
     return _p2p_call(tensor, dst, group, tag, group_dst, timeout, True, True)
 
 
@@ -770,6 +796,10 @@ def irecv(tensor: Tensor, src: Optional[int] = None, group: Optional[ProcessGrou
         accord.CommTimeout: nothing matched within timeout (default: the group's).
         accord.GroupClosed: the group was destroyed or broken by an earlier error.
     """
+    if group_src is None and timeout is None:
+        w = _p2p_quick(tensor, src, group, tag, False)
+        if w is not None:
+            return w
     return _p2p_call(tensor, src, group, tag, group_src, timeout, False, True)
 
 

@@ -272,6 +272,17 @@ def as_buf(obj, name, writable=True):
     return Buf(arr, arr.shape)
 
 
+def plain_view(arr, writable):
+    """A numpy array's bytes as a uint8 memoryview where it is the usual message: C
+    contiguous, not empty, of a supported dtype, writable if asked; else None (as_buf
+    then looks closer, and raises where it must)."""
+    flags = arr.flags
+    if flags.c_contiguous and (flags.writeable or not writable) and \
+            _SUPPORTED.get(arr.dtype, 0) is None and arr.size:
+        return byte_view(arr)
+    return None
+
+
 def message_view(obj, name, writable):
     """(the bytes of a message as a uint8 memoryview, what finishes a receive or None):
     what point-to-point calls need of a tensor, with as_buf's checks and errors.
@@ -279,10 +290,9 @@ def message_view(obj, name, writable):
     A contiguous numpy array of a supported dtype, the usual message, goes without
     a Buf: a message carries no dtype, shape or reduction."""
     if obj.__class__ is np.ndarray:
-        flags = obj.flags
-        if flags.c_contiguous and (flags.writeable or not writable) and \
-                _SUPPORTED.get(obj.dtype, 0) is None and obj.size:
-            return byte_view(obj), None
+        view = plain_view(obj, writable)
+        if view is not None:
+            return view, None
     buf = as_buf(obj, name, writable)
     return buf.mv, (None if buf._writeback is None else buf._writeback)
 
