@@ -403,3 +403,79 @@ def test_a_window_of_single_copy_messages_is_not_stashed():
                     env={"ACCORD_TRANSPORT": "shm", "ACCORD_SHM_P2P_CMA": "1M"})
     assert out[1] == (True, 0)
 
+
+
+def _unasked_small_messages(rank, world):
+    # rank 0's three small messages reach rank 1 while it waits for rank 2's: its wait
+    # steps every link, but a whole message nobody asked for, in a ring with room,
+    # stays there for its receive (no stash: no copy in and out again). Receiving the
+    # third first then stashes the two before it, and every message arrives intact
+    from accord.transport import matching
+    made = []
+    real = matching.Stash.__init__
+
+    def counting(self, h, kind="stash"):
+        made.append(kind)
+        real(self, h, kind)
+    matching.Stash.__init__ = counting
+    # (every rank stays until the end: a peer that has left gets its ring read whole,
+    # since what it sent before it went still counts)
+    if rank == 0:
+        for tag in (1, 2, 3):
+            dist.send(np.full(16, tag, np.int32), dst=1, tag=tag)
+        dist.barrier()
+        dist.barrier()
+        return None
+    if rank == 2:
+        dist.barrier()
+        time.sleep(0.3)             # rank 1 waits for this meanwhile, stepping its links
+        dist.send(np.full(4, 9, np.int32), dst=1, tag=7)
+        dist.barrier()
+        return None
+    dist.barrier()                  # rank 0's messages are in rank 1's ring now
+    got = np.zeros(4, np.int32)
+    dist.recv(got, src=2, tag=7)
+    before = made.count("stash")
+    out = {}
+    for tag in (3, 2, 1):
+        buf = np.zeros(16, np.int32)
+        dist.recv(buf, src=0, tag=tag)
+        out[tag] = bool((buf == tag).all())
+    dist.barrier()
+    return bool((got == 9).all()), before, out, made.count("stash")
+
+
+def test_a_small_message_nobody_asked_for_waits_in_the_ring():
+    out = run_ranks(3, _unasked_small_messages, timeout=40, env={"ACCORD_TRANSPORT": "shm"})
+    assert out[1] == (True, 0, {3: True, 2: True, 1: True}, 2)
+
+
+def _ring_filling_up(rank, world):
+    # rank 0 sends more than half of rank 1's ring, in whole messages, while rank 1
+    # waits for rank 2's: the sends complete without any receive posted for them
+    # (the ring is drained into the stash once it fills), and arrive in order
+    n, count = 64 << 10, 24
+    if rank == 0:
+        ws = [dist.isend(np.full(n // 4, i, np.int32), dst=1, tag=4, timeout=20)
+              for i in range(count)]
+        for w in ws:
+            w.wait()
+        dist.send(np.ones(1, np.int32), dst=2, tag=8)
+        return "sent"
+    if rank == 2:
+        dist.recv(np.zeros(1, np.int32), src=0, tag=8)
+        dist.send(np.full(4, 9, np.int32), dst=1, tag=7)
+        return None
+    got = np.zeros(4, np.int32)
+    dist.recv(got, src=2, tag=7, timeout=20)
+    ok = []
+    for i in range(count):
+        buf = np.zeros(n // 4, np.int32)
+        dist.recv(buf, src=0, tag=4)
+        ok.append(bool((buf == i).all()))
+    return all(ok)
+
+
+def test_a_ring_filling_up_is_drained_so_the_sender_goes_on():
+    out = run_ranks(3, _ring_filling_up, timeout=40, env={"ACCORD_TRANSPORT": "shm"})
+    assert out[:2] == ["sent", True]

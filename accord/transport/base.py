@@ -205,7 +205,10 @@ class TaggedPlane(Protocol):
         or the stash); True if a byte moved. Raises the link's failure. drain=False
         reads only while receives are posted on the link (what lies before their
         messages is stashed), leaving later messages where they are for the
-        receives about to be posted."""
+        receives about to be posted. drain=matching.SPARE reads what drain=True
+        must for no sender to wait on this rank, and may leave a message nobody
+        asked for where it is once all of it is in and the link has room (shared
+        memory: under half a ring); a socket reads everything, as with True."""
 
     def lost_peers(self) -> dict:
         """{peer: error} for peers found dead, departed or aborted without reading

@@ -9,6 +9,10 @@ of rivals; the first link that matches one withdraws the others.
 from .wire import ABORT, BYE, COLL, P2P, decode_error, header_problem
 
 STASH_STEP = 1 << 20    # a stashed message's buffer grows as its bytes arrive, never on faith
+# step_link(link, SPARE) (transport/base.py): read what the posted receives take, and
+# beyond them only what a sender still waits on; a whole message nobody asked for yet
+# may stay on the link for its receive instead of being copied into the stash and out
+SPARE = "spare"
 
 
 class Stash:

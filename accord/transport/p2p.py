@@ -39,7 +39,7 @@ import time
 
 from ..errors import AccordError, CommTimeout, GroupClosed, PeerLost
 from ..work import Outcome
-from .matching import Recv
+from .matching import SPARE, Recv
 
 _IDLE_S = 1.0            # the longest sleep with nothing to wait for
 _LIVENESS_S = 0.5        # how often peers' deaths are looked for (shared memory)
@@ -196,7 +196,7 @@ class Engine:
                 end = time.perf_counter() + (t.spin_ack_s if acking else spin_s)
                 while True:
                     try:
-                        moved = t.step_link(link)
+                        moved = t.step_link(link, SPARE)
                     except AccordError as e:
                         # the link failed after our message was through (a peer that
                         # exits once it has read it): that is the link's end, not ours
@@ -646,7 +646,7 @@ class Engine:
             if peer in self._gone:
                 continue
             try:
-                if t.step_link(link):
+                if t.step_link(link, SPARE):
                     moved = True
             except AccordError as e:
                 self._lose(peer, e)

@@ -73,7 +73,7 @@ from ..byte_stream import ByteStream
 from ..errors import AccordError, CommTimeout, GroupClosed
 from ..options import SHM_P2P_CMA_DEFAULT
 from . import cma, cma_threshold, futex, ring_helper, shared_write, split_message
-from .matching import Recv, Stash, StashMatching, complete, route
+from .matching import SPARE, Recv, Stash, StashMatching, complete, route
 from .reports import Reports
 from .waiting import usable_cores, wait_policy
 from .wire import (COLL, HEADER, HEADER_SIZE, OP_SEND, P2P, decode_error,
@@ -544,7 +544,8 @@ class _Link(StashMatching):
         """Route incoming messages to posted receives; True if any byte moved.
 
         Stops once nothing is posted (the next message stays in the ring)
-        unless drain is set, when it reads everything the peer has sent.
+        unless drain is set, when it reads everything the peer has sent (SPARE:
+        all but whole tagged messages nobody asked for, while the ring has room).
         """
         q = self.t.q
         moved = False
@@ -564,6 +565,16 @@ class _Link(StashMatching):
                         h = HEADER.unpack(self._peek(HEADER_SIZE))
                     kind = h[0]
                     n = h[7]
+                    if drain is SPARE and kind == P2P and not self.posted and \
+                            HEADER_SIZE + n <= avail < self.cap >> 1:
+                        # nobody asked for it yet: stashed, it would be allocated and
+                        # copied twice more (into the stash, out of it). Its sender is
+                        # done with it (it is all here) and the ring is under half full,
+                        # so it waits in place for its receive, as a sleeping engine
+                        # lets it (_wanted); a ring filling up is drained as before.
+                        # A halo exchange at world 4 (a neighbour a step ahead: 0.4-0.75
+                        # messages stashed a step) took 0.86x the time this way
+                        return moved
                     if kind == _PAD:
                         if pos + HEADER_SIZE + n != self.cap or avail < HEADER_SIZE + n:
                             raise self.t.corrupt(self.peer, h, "a ring pad that does not "
@@ -1380,7 +1391,7 @@ class ShmTransport(Reports):
 
     def step_link(self, link, drain=True):
         """Write what is queued, collect acks, read everything the peer sent (drain
-        False: only what the posted receives take; transport/base.py)."""
+        False: only what the posted receives take; SPARE: see transport/base.py)."""
         moved = bool(link.sends) and link.push()
         if link.unacked and link.check_acks():
             moved = True
