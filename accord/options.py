@@ -123,7 +123,8 @@ def _parse_slot(text):
 
 
 # point-to-point messages go single-copy from this size where ACCORD_SHM_P2P_CMA and
-# ACCORD_SHM_CMA are unset (the reasons at Options.shm_p2p_cma_min)
+# ACCORD_SHM_CMA are unset and every rank has a core (the reasons at
+# Options.shm_p2p_cma_min)
 SHM_P2P_CMA_DEFAULT = 8 << 20
 
 
@@ -154,13 +155,15 @@ class Options:
     # single copy from 1 MiB was (broadcast and scatter 1 MiB 0.48x the time)
     shm_cma_min: Optional[int] = None
     # The same for point-to-point messages (ACCORD_SHM_P2P_CMA; by default
-    # ACCORD_SHM_CMA where that is set, else 8 MiB): a blocking send/recv of 1-4 MiB is
+    # ACCORD_SHM_CMA where that is set; None where neither is: 8 MiB, or where ranks
+    # outnumber cores what does not fit whole in a ring, transport/shm.py's
+    # p2p_cma_default): a blocking send/recv of 1-4 MiB is
     # faster through the ring (both processes copy, the copies stay in cache) than
     # single-copy, even with the sender copying half (transport/split_message.py):
     # 4 MiB 314-399 µs against 353-547; from 6-8 MiB single copy split is faster
     # (8 MiB 527-706 µs against 786-1007, a window of isends 933-1033 against
     # 1070-1184; benchmarks/results/small-messages.md)
-    shm_p2p_cma_min: int = SHM_P2P_CMA_DEFAULT
+    shm_p2p_cma_min: Optional[int] = None
     # ACCORD_SOCKET_IFNAME: the interface(s) the data plane and the store listen on
     # ("eth0", "eth0,ib0", "=eth0", "^docker,lo"; accord/netif.py); empty: the one
     # that routes to MASTER_ADDR
@@ -211,7 +214,7 @@ class Options:
             shm_cma_min=cma,
             shm_p2p_cma_min=_parse_bytes(env.get("ACCORD_SHM_P2P_CMA", ""),
                                          "ACCORD_SHM_P2P_CMA",
-                                         SHM_P2P_CMA_DEFAULT if cma is None else cma),
+                                         cma),
             socket_ifname=_parse_ifname(env.get("ACCORD_SOCKET_IFNAME", "")),
             restart_count=_parse_count(env.get("ACCORD_RESTART_COUNT", ""),
                                        "ACCORD_RESTART_COUNT"),

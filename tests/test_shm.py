@@ -605,7 +605,7 @@ def test_receive_from_any_source(env, n):
 def test_point_to_point_has_its_own_single_copy_threshold():
     from accord.options import Options
     assert Options.from_env({}).shm_cma_min is None     # measured per group (1 or 4 MiB)
-    assert Options.from_env({}).shm_p2p_cma_min == 8 << 20
+    assert Options.from_env({}).shm_p2p_cma_min is None  # the transport's default
     # ACCORD_SHM_CMA alone sets both; ACCORD_SHM_P2P_CMA only point-to-point's
     both = Options.from_env({"ACCORD_SHM_CMA": "4K"})
     assert (both.shm_cma_min, both.shm_p2p_cma_min) == (4 << 10, 4 << 10)
@@ -660,3 +660,18 @@ def test_three_ranks_on_two_cores_wait_for_a_slow_peer_asleep():
             # the window is microseconds: a waiter that kept spinning through the
             # pause would burn most of it
             assert cpu < pause / 5, f"rank {rank} burned {cpu:.3f} s of CPU waiting"
+
+
+def test_point_to_point_single_copy_default_depends_on_ranks_per_core():
+    from accord.transport.shm import SHM_P2P_CMA_DEFAULT, p2p_cma_default
+    from accord.transport.wire import HEADER_SIZE
+    pcap = 1 << 20
+    # a core each: the ring up to 8 MiB (both processes copy at once)
+    assert p2p_cma_default(2, pcap, 2) == SHM_P2P_CMA_DEFAULT == 8 << 20
+    assert p2p_cma_default(4, pcap, 8) == SHM_P2P_CMA_DEFAULT
+    # more ranks than cores: what does not fit whole in the ring goes single-copy
+    for size in (3, 4, 8):
+        k = p2p_cma_default(size, pcap, 2)
+        assert k == pcap - HEADER_SIZE + 1
+        assert k - 1 + HEADER_SIZE == pcap          # the largest message that fits whole
+    assert p2p_cma_default(4, 64 << 20, 2) == SHM_P2P_CMA_DEFAULT    # never above 8 MiB

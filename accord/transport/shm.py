@@ -168,6 +168,22 @@ def p2p_cap(cap):
     return max(P2P_CHAN_MIN, cap // 4 // _PAGE * _PAGE)
 
 
+def p2p_cma_default(size, pcap, ncpu):
+    """The smallest point-to-point message sent single-copy where ACCORD_SHM_P2P_CMA and
+    ACCORD_SHM_CMA are unset, for `size` ranks on `ncpu` cores and rings of `pcap` bytes.
+
+    With a core each, SHM_P2P_CMA_DEFAULT (8 MiB): below it the ring is faster, both
+    processes copying at once. Where ranks outnumber cores, a message that does not
+    fit whole in its ring streams through it only while sender and receiver both run,
+    each waiting for the other's turn on a core; single-copy, the receiver copies it
+    all whenever it runs. A halo exchange at world 4 on two cores took 0.68x the time
+    that way at 1 MiB and 0.35-0.39x at 4 MiB, and 1.5-4x as long at 256-512 KiB,
+    where the messages fit (world 3, 1 MiB: 0.72x; world 2, 1 MiB: 3x as long)."""
+    if size <= ncpu:
+        return SHM_P2P_CMA_DEFAULT
+    return min(SHM_P2P_CMA_DEFAULT, pcap - HEADER_SIZE + 1)
+
+
 
 class _Send:
     __slots__ = ("peer", "parts", "part", "off", "done", "seq", "keep", "gathering", "addr",
@@ -1722,7 +1738,8 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
 
     cma_min: the smallest collective message sent single-copy (0: none; None:
     measured between ranks 0 and 1 now, cma_threshold.py); p2p_cma_min: the same
-    for point-to-point messages (None: cma_min, or 8 MiB where that is measured).
+    for point-to-point messages (None: cma_min, or p2p_cma_default where that is
+    measured).
 
     The arena takes at most arena_bytes, and at most a quarter of the free
     space in /dev/shm. Raises ShmUnavailable (an OSError) on every member
@@ -1773,13 +1790,13 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
     measure = cma_min is None
     if measure:
         cma_min = cma_threshold.HIGH        # until the probe has spoken
-        if p2p_cma_min is None:
-            p2p_cma_min = SHM_P2P_CMA_DEFAULT
+    if p2p_cma_min is None:
+        p2p_cma_min = p2p_cma_default(size, p2p_cap(cap), usable_cores()) if measure \
+            else cma_min
     try:
         arena = Arena(mm, cap, room)
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
-        t.p2p = ShmTransport(rank, size, arena, describe_rank,
-                             cma_min if p2p_cma_min is None else p2p_cma_min, plane=1)
+        t.p2p = ShmTransport(rank, size, arena, describe_rank, p2p_cma_min, plane=1)
         t.arena_path = path                                 # for tests and messages
         me = t.rank_offset(rank)
         arena.q[(me + _R_PID) // 8] = os.getpid()
