@@ -176,9 +176,11 @@ def p2p_cma_default(size, pcap, ncpu):
     processes copying at once. Where ranks outnumber cores, a message that does not
     fit whole in its ring streams through it only while sender and receiver both run,
     each waiting for the other's turn on a core; single-copy, the receiver copies it
-    all whenever it runs. A halo exchange at world 4 on two cores took 0.68x the time
-    that way at 1 MiB and 0.35-0.39x at 4 MiB, and 1.5-4x as long at 256-512 KiB,
-    where the messages fit (world 3, 1 MiB: 0.72x; world 2, 1 MiB: 3x as long)."""
+    all whenever it runs. A halo exchange at world 4 on two cores took 0.68-0.77x the
+    time that way at 1 MiB, 0.44x at 2 MiB and 0.35-0.39x at 4 MiB, and 1.5-4x as long
+    at 256-512 KiB, where the messages fit (world 3, 1 MiB: 0.72x; world 2, 1 MiB: 3x
+    as long). A ping-pong between two of four ranks while the others wait (a core
+    each, in effect) pays: 2.2-2.5x the time at 1-2 MiB, 1.6x at 4 MiB."""
     if size <= ncpu:
         return SHM_P2P_CMA_DEFAULT
     return min(SHM_P2P_CMA_DEFAULT, pcap - HEADER_SIZE + 1)
