@@ -10,6 +10,8 @@ from .options import to_seconds
 
 
 _PENDING, _OK, _FAILED = range(3)
+PENDING = _PENDING                  # an unsettled Outcome's state (transport/p2p.py's Pending
+                                    # sets its fields itself, a call fewer per operation)
 _SETTLE = threading.Lock()          # orders settling against waiters and callbacks
 
 

@@ -38,7 +38,7 @@ import threading
 import time
 
 from ..errors import AccordError, CommTimeout, GroupClosed, PeerLost
-from ..work import Outcome
+from ..work import PENDING as _OUTCOME_PENDING, Outcome
 from .matching import SPARE, Recv
 
 _IDLE_S = 1.0            # the longest sleep with nothing to wait for
@@ -60,7 +60,10 @@ class Pending(Outcome):
 
     def __init__(self, is_send, peer, view, tag, timeout, desc, finish=None, on_done=None,
                  entry=None):
-        Outcome.__init__(self)
+        # Outcome's fields, set here rather than through its __init__: one call fewer
+        # per operation (a halo exchange step, two of these, took 0.95-0.96x the time)
+        self._state = _OUTCOME_PENDING
+        self._value = self._event = self._callbacks = None
         self.is_send, self.peer, self.view, self.tag = is_send, peer, view, tag
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
