@@ -398,6 +398,17 @@ class Engine:
         sleeps on the plane as the engine would, so the reply to its message needs
         no hand-off from the engine thread. Meanwhile it serves every operation of
         the group, other threads' too; the engine thread takes over when it leaves."""
+        if not future.done() and self._busy.acquire(blocking=False):
+            # one pass first, as the loop below would begin: what is here already (a
+            # halo exchange's receives, their messages in) ends the wait without the
+            # bookkeeping of a wait that may block (a step of that exchange at world 2,
+            # 8 bytes, took 0.93-0.95x the time)
+            try:
+                self._turn()
+            finally:
+                self._busy.release()
+            if future.done():
+                return True
         end = None if timeout is None else time.monotonic() + timeout
         spin_end = time.perf_counter() + self.spin_s
         mark = (future, time.time()) if future.__class__ is Pending else None
