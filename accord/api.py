@@ -663,15 +663,13 @@ def _p2p_args(g, is_send, tensor, peer_global, peer_local, tag, timeout):
     return peer, tag, view, None if is_send else finish, timeout
 
 
-def _p2p_quick(tensor, peer, group, tag, is_send):
-    """isend/irecv's usual call, checked in one place: a member's global rank, an int
-    tag, a contiguous numpy array of a supported dtype (writable to receive), the
-    group's timeout. Its Work, or None where anything differs: _p2p_call then checks
-    the call the long way (and raises its errors)."""
-    g = resolve_group(group)
+def _quick_args(g, is_send, tensor, peer, tag):
+    """The usual point-to-point call's arguments, checked in one place: (the peer's
+    group rank, the message's bytes) for another member's global rank, an int tag and
+    a contiguous numpy array of a supported dtype (writable to receive); None where
+    anything differs, for _p2p_args to check the long way (and raise its errors)."""
     if tensor.__class__ is not np.ndarray or tag.__class__ is not int or \
-            peer.__class__ is not int or not -_TAG_MAX - 1 <= tag <= _TAG_MAX or \
-            not g.is_member:
+            peer.__class__ is not int or not -_TAG_MAX - 1 <= tag <= _TAG_MAX:
         return None
     view = plain_view(tensor, not is_send)
     if view is None:
@@ -682,7 +680,20 @@ def _p2p_quick(tensor, peer, group, tag, is_send):
     peer = ranks.index(peer)
     if peer == g.rank:
         return None
-    return _p2p_work(g, "isend" if is_send else "irecv", is_send, peer, tag, view, None, None)
+    return peer, view
+
+
+def _p2p_quick(tensor, peer, group, tag, is_send):
+    """isend/irecv's usual call (_quick_args, with the group's timeout): its Work, or
+    None where anything differs (_p2p_call then takes it)."""
+    g = resolve_group(group)
+    if not g.is_member:
+        return None
+    args = _quick_args(g, is_send, tensor, peer, tag)
+    if args is None:
+        return None
+    return _p2p_work(g, "isend" if is_send else "irecv", is_send, args[0], tag, args[1],
+                     None, None)
 
 
 def _p2p_call(tensor, peer, group, tag, group_peer, timeout, is_send, async_op):
@@ -859,8 +870,13 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     checked = []
     for o in ops:
         is_send = o.op is isend
-        checked.append((is_send, _p2p_args(g, is_send, o.tensor, o.peer, o.group_peer, o.tag,
-                                           None)))
+        quick = None if o.group_peer is not None else \
+            _quick_args(g, is_send, o.tensor, o.peer, o.tag)
+        if quick is not None:
+            checked.append((is_send, (quick[0], o.tag, quick[1], None, None)))
+        else:
+            checked.append((is_send, _p2p_args(g, is_send, o.tensor, o.peer, o.group_peer,
+                                               o.tag, None)))
     g.check_open()
     # started in the list's order, each as isend/irecv would start it
     return [_p2p_work(g, "isend" if is_send else "irecv", is_send, *args)
