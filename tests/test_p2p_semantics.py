@@ -369,11 +369,8 @@ def test_a_large_send_completes_before_its_receive_is_posted(transport, tmp_path
     assert out == ["sent", True]
 
 
-def _window_of_large_messages(rank, world):
-    # osu_bw's pattern: a window of isends, matched by irecvs posted one by one. A
-    # single-copy message that comes in before its irecv waits in the ring for it
-    # (its bytes are still in the sender's memory) instead of being copied into a
-    # stash and out again: count the stashed messages
+def _count_stashes():
+    """From now on in this rank's process, the kind of every Stash made, in a list."""
     from accord.transport import matching
     made = []
     real = matching.Stash.__init__
@@ -382,6 +379,15 @@ def _window_of_large_messages(rank, world):
         made.append(kind)
         real(self, h, kind)
     matching.Stash.__init__ = counting
+    return made
+
+
+def _window_of_large_messages(rank, world):
+    # osu_bw's pattern: a window of isends, matched by irecvs posted one by one. A
+    # single-copy message that comes in before its irecv waits in the ring for it
+    # (its bytes are still in the sender's memory) instead of being copied into a
+    # stash and out again: count the stashed messages
+    made = _count_stashes()
     n, win = 1 << 20, 16
     if rank == 0:
         data = np.arange(n // 4, dtype=np.float32)
@@ -404,20 +410,12 @@ def test_a_window_of_single_copy_messages_is_not_stashed():
     assert out[1] == (True, 0)
 
 
-
 def _unasked_small_messages(rank, world):
     # rank 0's three small messages reach rank 1 while it waits for rank 2's: its wait
     # steps every link, but a whole message nobody asked for, in a ring with room,
     # stays there for its receive (no stash: no copy in and out again). Receiving the
     # third first then stashes the two before it, and every message arrives intact
-    from accord.transport import matching
-    made = []
-    real = matching.Stash.__init__
-
-    def counting(self, h, kind="stash"):
-        made.append(kind)
-        real(self, h, kind)
-    matching.Stash.__init__ = counting
+    made = _count_stashes()
     # (every rank stays until the end: a peer that has left gets its ring read whole,
     # since what it sent before it went still counts)
     if rank == 0:

@@ -6,7 +6,6 @@ with no yields asked it sleeps at once after its spin."""
 import os
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -64,36 +63,33 @@ def _wait_counting(monkeypatch, engine, t, b, send_after_s):
     return dest.tobytes(), events
 
 
-def test_a_waiter_yields_before_it_sleeps(monkeypatch):
-    engine, t, b = _plane(yields=5)
+def _waited(monkeypatch, yields, yield_s=0.0):
+    """A receive whose message comes after 0.3 s, waited on by a plane waiting the way
+    asked: this thread's yields and sleeps in order (the bytes checked)."""
+    engine, t, b = _plane(yields, yield_s)
     try:
         got, events = _wait_counting(monkeypatch, engine, t, b, 0.3)
     finally:
         engine.close(), t.close(), b.close()
     assert got == bytes([1, 2, 3, 4])
+    return events
+
+
+def test_a_waiter_yields_before_it_sleeps(monkeypatch):
+    events = _waited(monkeypatch, yields=5)
     # the peer takes 0.3 s: the waiter yields its 5 times, then sleeps until the bytes come
     assert events[:5] == ["yield"] * 5 and "sleep" in events[5:], events[:12]
     assert events.index("sleep") == 5
 
 
 def test_without_yields_a_waiter_sleeps_at_once(monkeypatch):
-    engine, t, b = _plane(yields=0)
-    try:
-        got, events = _wait_counting(monkeypatch, engine, t, b, 0.3)
-    finally:
-        engine.close(), t.close(), b.close()
-    assert got == bytes([1, 2, 3, 4])
+    events = _waited(monkeypatch, yields=0)
     assert "yield" not in events and "sleep" in events
 
 
 def test_a_waiter_yields_for_the_least_time_asked(monkeypatch):
     # one yield asked, but for at least 0.1 s: it goes on yielding that long first
-    engine, t, b = _plane(yields=1, yield_s=0.1)
-    try:
-        got, events = _wait_counting(monkeypatch, engine, t, b, 0.3)
-    finally:
-        engine.close(), t.close(), b.close()
-    assert got == bytes([1, 2, 3, 4])
+    events = _waited(monkeypatch, yields=1, yield_s=0.1)
     first_sleep = events.index("sleep")
     assert first_sleep > 1 and set(events[:first_sleep]) == {"yield"}
 
