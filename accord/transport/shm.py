@@ -600,9 +600,11 @@ class _Link(StashMatching):
                         self.i_tail += HEADER_SIZE + n
                         consumed = moved = True
                         continue
-                    if kind == COLL and avail >= HEADER_SIZE + n and \
+                    if (kind == COLL or kind == P2P) and avail >= HEADER_SIZE + n and \
                             pos + HEADER_SIZE + n <= self.cap:
                         # the whole message is there in one piece: the common small case
+                        # (a tagged one too: a halo exchange step at world 2, 8 bytes,
+                        # 0.94-0.96x the time this way, rather than by the stream's loop)
                         dest, owner = route(self, h)
                         start = pos + HEADER_SIZE
                         if owner.__class__ is Stash:
