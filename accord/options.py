@@ -155,9 +155,9 @@ class Options:
     # single copy from 1 MiB was (broadcast and scatter 1 MiB 0.48x the time)
     shm_cma_min: Optional[int] = None
     # The same for point-to-point messages (ACCORD_SHM_P2P_CMA; by default
-    # ACCORD_SHM_CMA where that is set; None where neither is: 8 MiB, or where ranks
-    # outnumber cores what does not fit whole in a ring, transport/shm.py's
-    # p2p_cma_default): a blocking send/recv of 1-4 MiB is
+    # ACCORD_SHM_CMA where that is set; None where neither is: 8 MiB, and while more
+    # ranks run than there are cores what does not fit whole in a ring, transport/
+    # shm.py's p2p_cma_crowded): a blocking send/recv of 1-4 MiB is
     # faster through the ring (both processes copy, the copies stay in cache) than
     # single-copy, even with the sender copying half (transport/split_message.py):
     # 4 MiB 314-399 µs against 353-547; from 6-8 MiB single copy split is faster

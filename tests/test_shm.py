@@ -662,16 +662,46 @@ def test_three_ranks_on_two_cores_wait_for_a_slow_peer_asleep():
             assert cpu < pause / 5, f"rank {rank} burned {cpu:.3f} s of CPU waiting"
 
 
-def test_point_to_point_single_copy_default_depends_on_ranks_per_core():
-    from accord.transport.shm import SHM_P2P_CMA_DEFAULT, p2p_cma_default
+def test_point_to_point_single_copy_while_crowded_depends_on_ranks_per_core():
+    from accord.transport.shm import SHM_P2P_CMA_DEFAULT, p2p_cma_crowded
     from accord.transport.wire import HEADER_SIZE
     pcap = 1 << 20
-    # a core each: the ring up to 8 MiB (both processes copy at once)
-    assert p2p_cma_default(2, pcap, 2) == SHM_P2P_CMA_DEFAULT == 8 << 20
-    assert p2p_cma_default(4, pcap, 8) == SHM_P2P_CMA_DEFAULT
-    # more ranks than cores: what does not fit whole in the ring goes single-copy
+    # a core each, however many run: the ring up to 8 MiB (both processes copy at once)
+    assert p2p_cma_crowded(2, pcap, 2) is None
+    assert p2p_cma_crowded(4, pcap, 8) is None
+    # more ranks than cores: while more run than there are cores, what does not fit
+    # whole in the ring goes single-copy
     for size in (3, 4, 8):
-        k = p2p_cma_default(size, pcap, 2)
+        k = p2p_cma_crowded(size, pcap, 2)
         assert k == pcap - HEADER_SIZE + 1
         assert k - 1 + HEADER_SIZE == pcap          # the largest message that fits whole
-    assert p2p_cma_default(4, 64 << 20, 2) == SHM_P2P_CMA_DEFAULT    # never above 8 MiB
+    assert p2p_cma_crowded(4, 64 << 20, 2) == SHM_P2P_CMA_DEFAULT    # never above 8 MiB
+
+
+def test_a_rank_asleep_in_a_collective_does_not_count_as_running():
+    """A collective call's sleep is written in its rank block; the point-to-point plane
+    counts the ranks that run (_crowded) from those words, against its cores."""
+    import threading
+
+    from accord.transport.shm import p2p_cma_crowded
+    from accord.transport.waiting import usable_cores
+    with shm_in_threads("crowd", 4, arena_bytes=8 << 20) as members:
+        p = members[0].p2p
+        want = p2p_cma_crowded(4, p.cap, usable_cores())
+        assert p.crowded_cma_min == (1 << 62 if want is None else want)
+        p.ncpu = 2                      # as on a machine of two cores
+        assert p._crowded()             # four running
+        sleepers = []
+        for t in members[2:]:
+            expected = t.i32[t._doorbell_i]
+            sleepers.append(threading.Thread(target=t._doze, args=(expected, 0.6)))
+        for th in sleepers:
+            th.start()
+        time.sleep(0.2)
+        crowded_while_asleep = p._crowded()         # two running, on two cores
+        for th in sleepers:
+            th.join()
+        assert not crowded_while_asleep
+        assert p._crowded()             # awake again: four running
+        members[1].p2p.ncpu = 4         # a core for each of the four running
+        assert not members[1].p2p._crowded()

@@ -93,6 +93,8 @@ _R_PID = 128                         # i64
 _R_DEPARTED = 136                    # i64: 1 after close()
 _R_PROBE_ADDR = 144                  # i64: where peers test process_vm_readv
 _R_PROBE_VAL = 152                   # 8 bytes they must find there
+_R_ASLEEP = 160                      # i64: 1 while this rank's collective call sleeps on its
+                                     # doorbell (p2p_cma_crowded reads how many run)
 _R_ABORT_LEN = 192                   # i64
 _R_ABORT_MSG = 256                   # up to _RANK_BLOCK - 256 bytes
 # arena header
@@ -168,21 +170,22 @@ def p2p_cap(cap):
     return max(P2P_CHAN_MIN, cap // 4 // _PAGE * _PAGE)
 
 
-def p2p_cma_default(size, pcap, ncpu):
-    """The smallest point-to-point message sent single-copy where ACCORD_SHM_P2P_CMA and
-    ACCORD_SHM_CMA are unset, for `size` ranks on `ncpu` cores and rings of `pcap` bytes.
+def p2p_cma_crowded(size, pcap, ncpu):
+    """Where ACCORD_SHM_P2P_CMA and ACCORD_SHM_CMA are unset: the smallest point-to-point
+    message sent single-copy, below SHM_P2P_CMA_DEFAULT (8 MiB), while more of the
+    group's ranks run than there are cores (ShmTransport._crowded); None where the
+    group's ranks never outnumber the `ncpu` cores. `pcap`: a ring's bytes.
 
-    With a core each, SHM_P2P_CMA_DEFAULT (8 MiB): below it the ring is faster, both
-    processes copying at once. Where ranks outnumber cores, a message that does not
-    fit whole in its ring streams through it only while sender and receiver both run,
-    each waiting for the other's turn on a core; single-copy, the receiver copies it
-    all whenever it runs. A halo exchange at world 4 on two cores took 0.68-0.77x the
-    time that way at 1 MiB, 0.44x at 2 MiB and 0.35-0.39x at 4 MiB, and 1.5-4x as long
-    at 256-512 KiB, where the messages fit (world 3, 1 MiB: 0.72x; world 2, 1 MiB: 3x
-    as long). A ping-pong between two of four ranks while the others wait (a core
-    each, in effect) pays: 2.2-2.5x the time at 1-2 MiB, 1.6x at 4 MiB."""
+    A message that does not fit whole in its ring streams through it only while sender
+    and receiver both run; with more ranks running than cores each waits for the
+    other's turn on a core, where single-copy the receiver copies it all whenever it
+    runs. A halo exchange at world 4 on two cores (every rank running) took 0.68-0.77x
+    the time single-copy at 1 MiB, 0.44x at 2 MiB and 0.35-0.39x at 4 MiB, and 1.5-4x
+    as long at 256-512 KiB, which fit (world 3, 1 MiB: 0.72x). A ping-pong between two
+    of four ranks while the other two sleep in a barrier (a core each, in effect) took
+    2.2-2.5x the time single-copy at 1-2 MiB and 1.6x at 4 MiB: there the ring stays."""
     if size <= ncpu:
-        return SHM_P2P_CMA_DEFAULT
+        return None
     return min(SHM_P2P_CMA_DEFAULT, pcap - HEADER_SIZE + 1)
 
 
@@ -787,6 +790,7 @@ class ShmTransport(Reports):
         self.mem, self.q, self.i32, self.base = arena.mem, arena.q, arena.i32, arena.base
         self.cap = arena.cap if plane == 0 else p2p_cap(arena.cap)
         self.cma_min = cma_min if cma_min > 0 else 1 << 62
+        self.crowded_cma_min = 1 << 62           # p2p_cma_crowded's, where connect_shm sets it
         me = self.rank_offset(rank)
         self.bell = _R_DOORBELL if plane == 0 else _R_P2P_DOORBELL
         self._doorbell_i = (me + self.bell) // 4
@@ -794,8 +798,11 @@ class ShmTransport(Reports):
         self.arena_path = ""
         self._pidfds = {}
         self._pid = os.getpid()
-        ncpu = usable_cores()
+        ncpu = self.ncpu = usable_cores()
         self._spin_s, self._spin_ack_s, self._yields, self._yield_s = wait_policy(size, ncpu)
+        # every rank's _R_ASLEEP word; this rank's, set by the collective plane's sleeps
+        self._asleep_words = [(self.rank_offset(r) + _R_ASLEEP) // 8 for r in range(size)]
+        self._asleep_i = self._asleep_words[rank] if plane == 0 else None
         # a receiver asks the sender to copy half of a single-copy message only where
         # every rank has a core: with more ranks than cores the help takes a core
         # another rank's copy needs (world 4 on two cores, ACCORD_SHM_SPLIT=0 against
@@ -886,8 +893,8 @@ class ShmTransport(Reports):
     def _send(self, peer, header, buf, ring=False):
         link = self.links[peer]
         n = len(buf)
-        if n >= self.cma_min and link.cma_out and not ring and \
-                getattr(buf, "contiguous", True):
+        if (n >= self.cma_min or n >= self.crowded_cma_min and self._crowded()) and \
+                link.cma_out and not ring and getattr(buf, "contiguous", True):
             link.cma_seq += 1
             addr = cma.address(buf)
             s = _Send(peer, [_cma_header(header) + _DESC.pack(addr, link.cma_seq)],
@@ -1495,14 +1502,32 @@ class ShmTransport(Reports):
         """Wake sleep() from another thread (new work was posted): every sleeper."""
         futex.add_and_wake(self._doorbell, futex.WAKE_ALL)
 
+    def _crowded(self):
+        """Whether more of the group's ranks run than this process has cores: a rank
+        whose collective call sleeps on its doorbell does not count (one in a
+        point-to-point wait or outside accord does)."""
+        q = self.q
+        running = 0
+        for i in self._asleep_words:
+            if not q[i]:
+                running += 1
+        return running > self.ncpu
+
     def _doze(self, expected, timeout):
         """Sleep on this rank's doorbell while it holds expected (an OS error there
-        is said in accord's words: nothing else can be done with this arena)."""
+        is said in accord's words: nothing else can be done with this arena). A
+        collective call's sleep is written in the rank block for _crowded."""
+        asleep = self._asleep_i
         try:
+            if asleep is not None:
+                self.q[asleep] = 1
             futex.wait(self._doorbell, expected, timeout)
         except OSError as e:
             raise AccordError(f"{self._here()}: sleeping on the shared-memory doorbell "
                               f"failed ({e.strerror or e})") from None
+        finally:
+            if asleep is not None and self.q is not None:
+                self.q[asleep] = 0
 
     # -- shutdown ----------------------------------------------------------------------
     def abort(self, exc):
@@ -1742,8 +1767,8 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
 
     cma_min: the smallest collective message sent single-copy (0: none; None:
     measured between ranks 0 and 1 now, cma_threshold.py); p2p_cma_min: the same
-    for point-to-point messages (None: cma_min, or p2p_cma_default where that is
-    measured).
+    for point-to-point messages (None: cma_min, or 8 MiB where that is measured, and
+    p2p_cma_crowded's size then while more ranks run than there are cores).
 
     The arena takes at most arena_bytes, and at most a quarter of the free
     space in /dev/shm. Raises ShmUnavailable (an OSError) on every member
@@ -1792,15 +1817,21 @@ def connect_shm(store, prefix, rank, size, describe_rank, deadline, arena_bytes=
         _fail(store, key, rank, e, path if rank == 0 else None)
         raise ShmUnavailable(f"{describe_rank(rank)}: shared memory unavailable: {e}") from None
     measure = cma_min is None
+    crowded = None
     if measure:
         cma_min = cma_threshold.HIGH        # until the probe has spoken
     if p2p_cma_min is None:
-        p2p_cma_min = p2p_cma_default(size, p2p_cap(cap), usable_cores()) if measure \
-            else cma_min
+        if measure:
+            p2p_cma_min = SHM_P2P_CMA_DEFAULT
+            crowded = p2p_cma_crowded(size, p2p_cap(cap), usable_cores())
+        else:
+            p2p_cma_min = cma_min
     try:
         arena = Arena(mm, cap, room)
         t = ShmTransport(rank, size, arena, describe_rank, cma_min)
         t.p2p = ShmTransport(rank, size, arena, describe_rank, p2p_cma_min, plane=1)
+        if crowded is not None:
+            t.p2p.crowded_cma_min = crowded
         t.arena_path = path                                 # for tests and messages
         me = t.rank_offset(rank)
         arena.q[(me + _R_PID) // 8] = os.getpid()
