@@ -189,7 +189,6 @@ def p2p_cma_crowded(size, pcap, ncpu):
     return min(SHM_P2P_CMA_DEFAULT, pcap - HEADER_SIZE + 1)
 
 
-
 class _Send:
     __slots__ = ("peer", "parts", "part", "off", "done", "seq", "keep", "gathering", "addr",
                  "nbytes", "helped")
