@@ -182,6 +182,8 @@ class TaggedPlane(Protocol):
     wakes_on_any_byte: bool
     spin_ack_s: float   # ... when its send waits for the peer to copy it out (single copy)
     wait_now_max: int   # the largest message take_now(wait_s) waits for (-1: none)
+    yields: int         # where ranks share cores: sched_yield()s a waiting caller makes
+    yield_s: float      # ... and for at least this long, before it sleeps (0: none)
 
     def tagged_send(self, peer: int, view: memoryview, tag: int):
         """Queue (or write at once) a tagged message; the record's `done` turns

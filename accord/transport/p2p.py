@@ -109,8 +109,7 @@ class Engine:
         # progressing inline while the engine is idle (no thread hand-off then)
         self._busy = threading.Lock()
         self.spin_s = transport.spin_s       # how long a blocking caller progresses itself
-        self.yields = getattr(transport, "yields", 0)
-        self.yield_s = getattr(transport, "yield_s", 0.0)
+        self.yields, self.yield_s = transport.yields, transport.yield_s  # and sleeps
         self._inbox = []
         self._thread = None
         self._closed = None              # why no more posts are taken

@@ -263,6 +263,7 @@ class TcpTransport(Reports):
     wakes_on_any_byte = True    # poll() watches every socket for input
     spin_ack_s = 0.0
     wait_now_max = -1           # take_now never waits
+    yields, yield_s = 0, 0.0    # poll() sleeps once the spin is over
     hosts = None                # each member's host, when the group spans several
 
     def __init__(self, rank, size, socks, describe_rank, members_here=None):
